@@ -1,0 +1,61 @@
+# `make demo` and `make test` do all setup on a fresh Debian/Ubuntu machine, and are quick
+# once it is done: the venv is rebuilt only when a pyproject changes.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.swarm-installed
+PACKAGES := libs/common services/scheduler services/registry services/telemetry services/gateway services/trainer sdk
+PYPROJECTS := $(addsuffix /pyproject.toml,$(PACKAGES)) requirements-dev.txt
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: setup demo test clean nats-server asyncapi chromium bench
+
+setup: $(STAMP) nats-server
+
+$(STAMP): $(PYPROJECTS)
+	@python3 -m venv --help >/dev/null 2>&1 || { $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q python3-venv; }
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# torch first, pinned: anything else pulling in "torch" would fetch several GB of CUDA wheels.
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q $(addprefix -e ,$(filter-out sdk,$(PACKAGES))) -e 'sdk[plot]' -r requirements-dev.txt
+	touch $(STAMP)
+
+nats-server:
+	@if command -v nats-server >/dev/null 2>&1 || [ -x /usr/sbin/nats-server ]; then exit 0; \
+	elif command -v apt-get >/dev/null 2>&1; then \
+	  echo "installing nats-server with apt-get"; \
+	  $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q nats-server; \
+	else \
+	  echo "nats-server is missing: install it (Debian/Ubuntu: apt-get install nats-server;" \
+	       "elsewhere see https://docs.nats.io/running-a-nats-service/introduction/installation)"; \
+	  exit 1; \
+	fi
+
+# For tests/dashboard (a headless browser test); they skip, saying so, if this cannot install.
+chromium:
+	@if command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; then exit 0; \
+	elif command -v apt-get >/dev/null 2>&1; then \
+	  echo "installing chromium and chromium-driver with apt-get (for tests/dashboard)"; \
+	  $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q chromium chromium-driver \
+	    || echo "could not install chromium: tests/dashboard will be skipped"; \
+	else \
+	  echo "chromium/chromedriver not found and no apt-get: tests/dashboard will be skipped"; \
+	fi
+
+demo: setup
+	$(VENV)/bin/swarm demo
+
+test: setup chromium
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/pytest
+
+clean:
+	rm -rf $(VENV) .swarm
+
+asyncapi: setup
+	$(PY) tools/asyncapi.py
+
+# Not part of `make test`: a few minutes of CPU; results go to docs/performance.md.
+bench: setup
+	$(PY) bench/train_throughput.py

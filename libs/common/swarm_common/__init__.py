@@ -1,0 +1,1 @@
+"""Code shared by every Swarm service: the public contract and the plumbing around it."""

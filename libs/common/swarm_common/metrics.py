@@ -1,0 +1,33 @@
+"""Per-job metric series as the telemetry service keeps and serves them."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+
+class TrainPoint(BaseModel):
+    step: int
+    loss: float
+    lr: float
+    tokens_per_s: float
+    attempt: int = 0
+
+
+class EvalPoint(BaseModel):
+    step: int
+    eval_loss: float
+    perplexity: float
+    attempt: int = 0
+
+
+class JobMetrics(BaseModel):
+    job_id: str
+    train: list[TrainPoint] = Field(default_factory=list)
+    eval: list[EvalPoint] = Field(default_factory=list)
+
+
+class GetJobMetrics(BaseModel):
+    """Request on ``swarm.telemetry.metrics.get``; replied with ``Reply[JobMetrics]``."""
+
+    job_id: str
+    max_points: int | None = Field(default=None, ge=2, description="downsample to at most this")

@@ -1,0 +1,276 @@
+"""``swarm up``: nats-server plus the five services as local processes, state under ``.swarm/``."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from types import FrameType, TracebackType
+from typing import IO
+from urllib.parse import urlparse
+
+import httpx
+from rich.console import Console
+
+from swarm_common.settings import Settings
+
+SERVICES = ("gateway", "scheduler", "trainer", "registry", "telemetry")
+NATS_INSTALL_HINT = (
+    "nats-server was not found on PATH. Install it (Debian/Ubuntu: `sudo apt-get install "
+    "nats-server`, or download from https://github.com/nats-io/nats-server/releases) and retry."
+)
+
+
+class StackError(RuntimeError):
+    pass
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def port_answers(host: str, port: int, timeout: float = 0.5) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def find_nats_server() -> str | None:
+    return shutil.which("nats-server") or next(
+        (p for p in ("/usr/sbin/nats-server", "/usr/local/bin/nats-server") if Path(p).exists()),
+        None,
+    )
+
+
+class LocalStack:
+    """Start with ``start()`` (or ``with LocalStack() as stack:``), stop with ``stop()``.
+
+    ``free_ports=True`` picks unused ports for NATS, the gateway and telemetry, so that a demo
+    or a test can run beside an existing stack.
+    """
+
+    def __init__(
+        self,
+        root: Path | str = ".swarm",
+        *,
+        settings: Settings | None = None,
+        free_ports: bool = False,
+        services: tuple[str, ...] = SERVICES,
+        console: Console | None = None,
+        extra_env: dict[str, str] | None = None,
+        startup_timeout_s: float = 90.0,
+    ) -> None:
+        self.root = Path(root).resolve()
+        self.settings = settings or Settings()
+        self.console = console or Console(stderr=True)
+        self.services = services
+        self.extra_env = extra_env or {}
+        self.startup_timeout_s = startup_timeout_s
+        parsed = urlparse(self.settings.nats_url)
+        self.nats_host = parsed.hostname or "127.0.0.1"
+        self.nats_port = free_port() if free_ports else parsed.port or 4222
+        self.gateway_host = self.settings.gateway_host
+        self.gateway_port = free_port() if free_ports else self.settings.gateway_port
+        self.telemetry_port = free_port() if free_ports else self.settings.telemetry_port
+        self.nats_proc: subprocess.Popen[bytes] | None = None
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self._logs: list[IO[bytes]] = []
+        self.reused_nats = False
+
+    # --- addresses -------------------------------------------------------------------
+    @property
+    def nats_url(self) -> str:
+        return f"nats://{self.nats_host}:{self.nats_port}"
+
+    @property
+    def gateway_url(self) -> str:
+        host = "127.0.0.1" if self.gateway_host in ("0.0.0.0", "") else self.gateway_host
+        return f"http://{host}:{self.gateway_port}"
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def store_dir(self) -> Path:
+        return self.root / "store"
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(
+            {
+                "SWARM_NATS_URL": self.nats_url,
+                "SWARM_STORE_URL": self.store_dir.as_uri(),
+                "SWARM_GATEWAY_HOST": self.gateway_host,
+                "SWARM_GATEWAY_PORT": str(self.gateway_port),
+                "SWARM_GATEWAY_URL": self.gateway_url,
+                "SWARM_TELEMETRY_PORT": str(self.telemetry_port),
+                "SWARM_WORK_DIR": str(self.root / "work"),
+                # Service logs go to files; unbuffered so that a crash leaves its last words.
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
+        env.update(self.extra_env)
+        return env
+
+    # --- lifecycle -------------------------------------------------------------------
+    def start(self) -> LocalStack:
+        for d in (self.root, self.logs_dir, self.store_dir, self.root / "work"):
+            d.mkdir(parents=True, exist_ok=True)
+        try:
+            self._start_nats()
+            for svc in self.services:
+                self._start_service(svc)
+            self._wait_for_gateway()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _open_log(self, name: str) -> IO[bytes]:
+        log = open(self.logs_dir / f"{name}.log", "ab")  # noqa: SIM115 - closed in stop()
+        self._logs.append(log)
+        return log
+
+    def _start_nats(self) -> None:
+        if port_answers(self.nats_host, self.nats_port):
+            self.reused_nats = True
+            self.console.print(
+                f"[yellow]something already answers on {self.nats_url}: using it as NATS[/]"
+            )
+            return
+        binary = find_nats_server()
+        if binary is None:
+            raise StackError(NATS_INSTALL_HINT)
+        store = self.root / "nats"
+        store.mkdir(parents=True, exist_ok=True)
+        cmd = [binary, "-js", "-a", self.nats_host, "-p", str(self.nats_port), "-sd", str(store)]
+        self.nats_proc = subprocess.Popen(
+            cmd, stdout=self._open_log("nats"), stderr=subprocess.STDOUT, start_new_session=True
+        )
+        deadline = time.monotonic() + 15
+        while not port_answers(self.nats_host, self.nats_port, 0.2):
+            if self.nats_proc.poll() is not None or time.monotonic() > deadline:
+                raise StackError(f"nats-server did not start; see {self.logs_dir / 'nats.log'}")
+            time.sleep(0.05)
+        self.console.print(f"[green]nats-server[/] on {self.nats_url} (store {store})")
+
+    def _start_service(self, svc: str) -> None:
+        module = f"swarm_{svc}"
+        if importlib.util.find_spec(module) is None:
+            self.console.print(
+                f"[red]{module} is not installed[/] (pip install -e services/{svc}); skipping it"
+            )
+            return
+        # Own session: Ctrl-C in the terminal reaches only us, and we stop services in order.
+        self.procs[svc] = subprocess.Popen(
+            [sys.executable, "-m", module],
+            env=self.env(),
+            stdout=self._open_log(svc),
+            stderr=subprocess.STDOUT,
+            cwd=self.root.parent,
+            start_new_session=True,
+        )
+        self.console.print(f"[green]{svc}[/] started (log {self.logs_dir / (svc + '.log')})")
+
+    def _wait_for_gateway(self) -> None:
+        if "gateway" not in self.procs:
+            return
+        deadline = time.monotonic() + self.startup_timeout_s
+        while time.monotonic() < deadline:
+            dead = self.dead_services()
+            if dead:
+                raise StackError(self._crash_report(dead))
+            try:
+                if httpx.get(f"{self.gateway_url}/healthz", timeout=1.0).status_code == 200:
+                    self.console.print(f"[bold green]gateway ready[/] at {self.gateway_url}")
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        raise StackError(f"gateway not healthy after {self.startup_timeout_s:g}s")
+
+    def dead_services(self) -> list[str]:
+        return [svc for svc, p in self.procs.items() if p.poll() is not None]
+
+    def _crash_report(self, dead: list[str]) -> str:
+        lines = []
+        for svc in dead:
+            log = self.logs_dir / f"{svc}.log"
+            tail = log.read_text(errors="replace").splitlines()[-15:] if log.exists() else []
+            lines.append(f"{svc} exited with {self.procs[svc].returncode}; last lines of {log}:")
+            lines.extend("    " + t for t in tail)
+        return "\n".join(lines)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        procs = list(self.procs.items())
+        for _, proc in procs:
+            if proc.poll() is None:
+                proc.terminate()
+        for svc, proc in procs:
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.console.print(f"[yellow]{svc} did not stop in {timeout:g}s: killing it[/]")
+                proc.kill()
+                proc.wait()
+        self.procs.clear()
+        if self.nats_proc is not None:
+            if self.nats_proc.poll() is None:
+                self.nats_proc.terminate()
+                try:
+                    self.nats_proc.wait(timeout)
+                except subprocess.TimeoutExpired:
+                    self.nats_proc.kill()
+                    self.nats_proc.wait()
+            self.nats_proc = None
+        for log in self._logs:
+            log.close()
+        self._logs.clear()
+
+    def __enter__(self) -> LocalStack:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def run_forever(self) -> int:
+        """Serve until SIGINT/SIGTERM or until a service dies; then stop everything."""
+        stop = threading.Event()
+
+        def on_signal(signum: int, _frame: FrameType | None) -> None:
+            stop.set()
+
+        previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        code = 0
+        try:
+            self.start()
+            self.console.print("Swarm is up. Ctrl-C stops it.")
+            while not stop.wait(1.0):
+                dead = self.dead_services()
+                if dead:
+                    self.console.print(f"[red]{self._crash_report(dead)}[/]")
+                    code = 1
+                    break
+        finally:
+            self.console.print("stopping…")
+            self.stop()
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+        return code

@@ -1,0 +1,103 @@
+"""Following a job in the terminal: a live progress bar fed by the job's event stream."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
+
+from swarm.client import Client
+from swarm_common.jobs import JobRecord
+
+
+@dataclass
+class FollowResult:
+    record: JobRecord
+    eval_loss: float | None
+
+
+def eta(progress: dict) -> str:
+    """Time left at the attempt's pace so far, from the trainer's own step clock.
+
+    The trainer's ``elapsed_s`` counts from the attempt's start, so after a resume the pace
+    covers the steps run since ``resumed_from_step`` only approximately; good enough for a bar.
+    """
+    step, total = progress.get("step"), progress.get("max_steps")
+    elapsed = progress.get("elapsed_s")
+    if not step or not total or not elapsed:
+        return "-"
+    left = max(0.0, (total - step) * elapsed / step)
+    return str(timedelta(seconds=round(left)))
+
+
+def follow(client: Client, job_id: str, console: Console) -> FollowResult:
+    """Show the job's progress until it ends; return its final record and last eval loss."""
+    eval_loss: float | None = None
+    progress = Progress(
+        SpinnerColumn(),
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("loss {task.fields[loss]}"),
+        TextColumn("{task.fields[tps]} tok/s"),
+        TextColumn("eval {task.fields[eval]}"),
+        TimeElapsedColumn(),
+        TextColumn("eta {task.fields[eta]}"),
+        console=console,
+        transient=False,
+    )
+    with progress:
+        task = progress.add_task(job_id, total=None, loss="-", tps="-", eval="-", eta="-")
+        for ev in client.events(job_id):
+            p = ev.payload
+            if ev.event == "progress":
+                progress.update(
+                    task,
+                    description="training",
+                    total=p.get("max_steps"),
+                    completed=p.get("step", 0),
+                    loss=f"{p.get('loss', 0.0):.4f}",
+                    tps=f"{p.get('tokens_per_s', 0.0):,.0f}",
+                    eta=eta(p),
+                )
+            elif ev.event == "validated":
+                eval_loss = float(p.get("eval_loss", 0.0))
+                progress.update(task, eval=f"{eval_loss:.4f}")
+            elif ev.event == "checkpoint":
+                progress.console.print(f"  checkpoint at step {p.get('step')}")
+            elif ev.event == "requeued":
+                progress.console.print(f"  [yellow]requeued[/]: {p.get('reason')}")
+            elif ev.event in ("queued", "assigned", "started"):
+                where = p.get("worker_id")
+                progress.update(task, description=ev.event + (f" on {where}" if where else ""))
+                if ev.event == "started" and p.get("resumed_from_step"):
+                    progress.console.print(f"  resumed from step {p['resumed_from_step']}")
+            elif ev.terminal:
+                progress.update(task, description=ev.event)
+    record = client.get_job(job_id)
+    if eval_loss is None and "eval_loss" in record.metrics:
+        eval_loss = record.metrics["eval_loss"]
+    return FollowResult(record=record, eval_loss=eval_loss)
+
+
+def report(result: FollowResult, console: Console) -> int:
+    """Print how the job ended; return the process exit code (1 unless it succeeded)."""
+    record = result.record
+    if record.state == "succeeded":
+        adapter = record.adapter
+        name = f"{adapter.name} v{adapter.version}" if adapter else "(no adapter recorded)"
+        loss = f"{result.eval_loss:.4f}" if result.eval_loss is not None else "n/a"
+        console.print(f"[bold green]succeeded[/]: adapter {name}, eval loss {loss}")
+        return 0
+    reason = f": {record.reason}" if record.reason else ""
+    console.print(f"[bold red]{record.state}[/]{reason}")
+    return 1

@@ -1,0 +1,92 @@
+"""Server-Sent Events: parsing, and the reconnect bookkeeping both clients share."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from swarm_common.events import TERMINAL_EVENTS
+
+
+@dataclass
+class JobStreamEvent:
+    """One job event from the SSE stream: ``data`` is the whole CloudEvent."""
+
+    id: str
+    event: str
+    data: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def payload(self) -> dict[str, Any]:
+        """The event's own fields (the CloudEvent's ``data``)."""
+        return self.data.get("data", {})
+
+    @property
+    def terminal(self) -> bool:
+        return self.event in TERMINAL_EVENTS
+
+
+class SSEDecoder:
+    """Feed it lines one at a time; it returns an event at each blank line that ends one."""
+
+    def __init__(self) -> None:
+        self._reset()
+
+    def _reset(self) -> None:
+        self.name, self.ident, self.data = "", "", []  # type: ignore[var-annotated]
+
+    def feed(self, line: str) -> JobStreamEvent | None:
+        if line == "":
+            event = None
+            if self.data:
+                text = "\n".join(self.data)
+                try:
+                    payload = json.loads(text)
+                except json.JSONDecodeError:
+                    payload = {"raw": text}
+                event = JobStreamEvent(id=self.ident, event=self.name or "message", data=payload)
+            self._reset()
+            return event
+        if line.startswith(":"):
+            return None  # keep-alive comment
+        key, _, value = line.partition(":")
+        value = value[1:] if value.startswith(" ") else value
+        if key == "event":
+            self.name = value
+        elif key == "id":
+            self.ident = value
+        elif key == "data":
+            self.data.append(value)
+        return None
+
+
+@dataclass
+class Resume:
+    """Where a followed stream is, so that a reconnect neither loses nor repeats an event."""
+
+    job_id: str
+    last_event_id: str | None = None
+    max_reconnects: int = 20
+    failures: int = 0
+
+    @property
+    def path(self) -> str:
+        return f"/v1/jobs/{self.job_id}/events"
+
+    def headers(self) -> dict[str, str]:
+        headers = {"Accept": "text/event-stream"}
+        if self.last_event_id:
+            headers["Last-Event-ID"] = self.last_event_id
+        return headers
+
+    def seen(self, event: JobStreamEvent) -> None:
+        self.failures = 0
+        self.last_event_id = event.id or self.last_event_id
+
+    def backoff(self) -> float | None:
+        """Seconds to wait before reconnecting, or None when it is time to give up."""
+        self.failures += 1
+        if self.failures > self.max_reconnects:
+            return None
+        return min(0.5 * self.failures, 5.0)

@@ -1,0 +1,77 @@
+"""Request counts and durations for Prometheus, labelled by route template (bounded cardinality)."""
+
+from __future__ import annotations
+
+import time
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+
+class GatewayMetrics:
+    def __init__(self) -> None:
+        # A registry per app, so that several apps in one process (tests) do not collide.
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "swarm_gateway_requests_total",
+            "HTTP requests handled",
+            ["method", "route", "status"],
+            registry=self.registry,
+        )
+        self.duration = Histogram(
+            "swarm_gateway_request_duration_seconds",
+            "HTTP request duration until the response started",
+            ["method", "route"],
+            registry=self.registry,
+        )
+        self.in_flight = Gauge(
+            "swarm_gateway_requests_in_flight",
+            "HTTP requests (including open event streams) in progress",
+            registry=self.registry,
+        )
+        self.submissions = Counter(
+            "swarm_gateway_job_submissions_total",
+            "Jobs published to the submit stream",
+            registry=self.registry,
+        )
+
+
+class MetricsMiddleware:
+    """Pure ASGI so that long-lived SSE responses stream untouched."""
+
+    def __init__(self, app: ASGIApp, metrics: GatewayMetrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        status_code = 500
+        observed = False
+
+        def route() -> str:
+            r = scope.get("route")
+            return getattr(r, "path", None) or "unmatched"
+
+        async def wrapped_send(message: Message) -> None:
+            nonlocal status_code, observed
+            if message["type"] == "http.response.start":
+                status_code = message["status"]
+                observed = True
+                self.metrics.duration.labels(scope["method"], route()).observe(
+                    time.perf_counter() - start
+                )
+            await send(message)
+
+        self.metrics.in_flight.inc()
+        try:
+            await self.app(scope, receive, wrapped_send)
+        finally:
+            self.metrics.in_flight.dec()
+            if not observed:
+                self.metrics.duration.labels(scope["method"], route()).observe(
+                    time.perf_counter() - start
+                )
+            self.metrics.requests.labels(scope["method"], route(), str(status_code)).inc()

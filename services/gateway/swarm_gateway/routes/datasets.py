@@ -1,0 +1,202 @@
+"""``/v1/datasets``: content-addressed JSONL uploads, one per tenant and sha256."""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import (
+    APIRouter,
+    Depends,
+    File,
+    Form,
+    HTTPException,
+    Query,
+    Request,
+    UploadFile,
+    status,
+)
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+
+from swarm_common.datasets import DatasetInfo, dataset_id_for, dataset_store_key
+from swarm_common.jobs import MODEL_REF_PATTERN
+from swarm_common.records import Conflict
+from swarm_common.registry import GetModel, ModelVersion
+from swarm_common.store import join_key
+from swarm_gateway.auth import Tenant
+from swarm_gateway.dataset_stats import (
+    DatasetStats,
+    over_seq_len,
+    percentiles,
+    token_lengths,
+)
+from swarm_gateway.dataset_validation import DatasetError, validate_jsonl
+from swarm_gateway.errors import field_error
+from swarm_gateway.nats_api import call
+from swarm_gateway.state import Gateway, get_gateway
+from swarm_gateway.uploads import check_content_length, save_upload
+
+router = APIRouter(prefix="/v1/datasets", tags=["datasets"])
+GW = Annotated[Gateway, Depends(get_gateway)]
+
+
+class DatasetList(BaseModel):
+    data: list[DatasetInfo]
+
+
+@router.post(
+    "",
+    status_code=status.HTTP_201_CREATED,
+    response_model=DatasetInfo,
+    responses={200: {"description": "the same file was uploaded before; its record"}},
+)
+async def upload_dataset(
+    request: Request,
+    gw: GW,
+    tenant: Tenant,
+    file: Annotated[UploadFile, File(description="JSONL: text, prompt/completion or chat")],
+    name: Annotated[str | None, Form(max_length=200)] = None,
+) -> JSONResponse:
+    limit = gw.settings.max_upload_bytes
+    check_content_length(request, limit)
+    with tempfile.TemporaryDirectory(prefix="swarm-upload-") as tmp:
+        path = Path(tmp) / "data.jsonl"
+        size, sha = await save_upload(file, path, limit)
+        try:
+            summary = await asyncio.to_thread(validate_jsonl, path)
+        except DatasetError as exc:
+            loc: list[str | int] = ["body", "file"] + ([f"line {exc.line}"] if exc.line else [])
+            raise field_error(422, loc, str(exc), "invalid_dataset") from exc
+
+        dataset_id = dataset_id_for(sha)
+        kv_key = f"{tenant}.{dataset_id}"
+        existing = await gw.datasets.get(kv_key)
+        if existing is not None:
+            return JSONResponse(existing[0].model_dump(mode="json"), status_code=status.HTTP_200_OK)
+
+        store_key = dataset_store_key(tenant, sha)
+        # Content-addressed: identical bytes already stored need not travel again.
+        if not await asyncio.to_thread(gw.store.exists, store_key):
+            await asyncio.to_thread(gw.store.put_file, store_key, path)
+
+    info = DatasetInfo(
+        id=dataset_id,
+        tenant=tenant,
+        name=name or (file.filename or None),
+        sha256=sha,
+        store_key=store_key,
+        format=summary.format,
+        examples=summary.examples,
+        bytes=size,
+    )
+    try:
+        await gw.datasets.create(kv_key, info)
+    except Conflict:
+        # A concurrent identical upload won the race; its record is the answer.
+        found = await gw.datasets.get(kv_key)
+        if found is None:
+            raise HTTPException(
+                status.HTTP_409_CONFLICT, detail="concurrent upload, retry"
+            ) from None
+        return JSONResponse(found[0].model_dump(mode="json"), status_code=status.HTTP_200_OK)
+    return JSONResponse(info.model_dump(mode="json"), status_code=status.HTTP_201_CREATED)
+
+
+@router.get("", response_model=DatasetList)
+async def list_datasets(gw: GW, tenant: Tenant) -> DatasetList:
+    prefix = f"{tenant}."
+    found = []
+    for key in await gw.datasets.keys():
+        if key.startswith(prefix):
+            got = await gw.datasets.get(key)
+            if got is not None:
+                found.append(got[0])
+    found.sort(key=lambda d: d.created_at, reverse=True)
+    return DatasetList(data=found)
+
+
+async def _own_dataset(gw: Gateway, tenant: str, dataset_id: str) -> DatasetInfo:
+    found = (
+        await gw.datasets.get(f"{tenant}.{dataset_id}") if dataset_id.startswith("ds-") else None
+    )
+    if found is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"dataset {dataset_id} not found")
+    return found[0]
+
+
+@router.get("/{dataset_id}", response_model=DatasetInfo)
+async def get_dataset(dataset_id: str, gw: GW, tenant: Tenant) -> DatasetInfo:
+    return await _own_dataset(gw, tenant, dataset_id)
+
+
+# Tokenizers by model digest: the same files always give the same tokenizer, and loading one
+# is the slow part of a stats request. Bounded, since every model version could be asked for.
+_tokenizers: dict[str, Any] = {}
+_MAX_TOKENIZERS = 8
+
+
+async def _tokenizer_for(gw: Gateway, model: ModelVersion) -> Any | None:
+    if "tokenizer.json" not in model.files:
+        return None
+    if model.digest not in _tokenizers:
+        from tokenizers import Tokenizer  # Rust tokenizers only: no torch in the gateway
+
+        raw = await asyncio.to_thread(
+            gw.store.get_bytes, join_key(model.store_key, "tokenizer.json")
+        )
+        try:
+            tokenizer = Tokenizer.from_str(raw.decode("utf-8"))
+        except Exception as exc:  # a broken tokenizer.json is the model's fault, not ours
+            raise field_error(
+                422, ["query", "model"], f"cannot load {model.name}'s tokenizer.json: {exc}"
+            ) from exc
+        if len(_tokenizers) >= _MAX_TOKENIZERS:
+            _tokenizers.pop(next(iter(_tokenizers)))
+        _tokenizers[model.digest] = tokenizer
+    return _tokenizers[model.digest]
+
+
+@router.get("/{dataset_id}/stats", response_model=DatasetStats)
+async def dataset_stats(
+    dataset_id: str,
+    gw: GW,
+    tenant: Tenant,
+    model: Annotated[
+        str | None,
+        Query(pattern=MODEL_REF_PATTERN, description="registry model name[@version]"),
+    ] = None,
+) -> DatasetStats:
+    """Examples and length percentiles; token lengths with ``model``'s tokenizer."""
+    info = await _own_dataset(gw, tenant, dataset_id)
+    version: ModelVersion | None = None
+    tokenizer = None
+    if model:
+        name, _, number = model.partition("@")
+        version = await call(
+            gw,
+            "registry",
+            gw.subjects.registry("models.get"),
+            GetModel(name=name, version=int(number) if number else None),
+            ModelVersion,
+        )
+        tokenizer = await _tokenizer_for(gw, version)
+    with tempfile.TemporaryDirectory(prefix="swarm-stats-") as tmp:
+        path = Path(tmp) / "data.jsonl"
+        await asyncio.to_thread(gw.store.get_file, info.store_key, path)
+        chars, tokens = await asyncio.to_thread(token_lengths, path, tokenizer)
+    stats = DatasetStats(
+        dataset=info.id,
+        format=info.format,
+        examples=info.examples,
+        bytes=info.bytes,
+        chars=percentiles(chars),
+    )
+    if version is not None:
+        stats.model = f"{version.name}@{version.version}"
+        stats.tokens = percentiles(tokens)
+        stats.token_method = "tokenizer.json" if tokenizer else "approximate (chars/4)"
+        stats.over_seq_len = over_seq_len(tokens)
+    return stats

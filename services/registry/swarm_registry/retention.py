@@ -1,0 +1,157 @@
+"""Deleting adapter versions and garbage-collecting store objects nothing refers to.
+
+What ``gc.run`` removes:
+
+* ``adapters/<tenant>/<name>/<version>/…`` with no version record and no registration in
+  flight (a job index entry claiming that version);
+* ``outputs/<job_id>/…`` and ``checkpoints/<job_id>/…`` of finished jobs (succeeded, failed or
+  cancelled): every checkpoint, not just all but one. A finished job never resumes, the
+  registered adapter is a full copy under ``adapters/``, and continuing training starts from
+  that adapter (``from_adapter``), not from a checkpoint. Jobs with no record are left alone:
+  the record may not be written yet;
+* ``models/…`` objects under no model version's ``store_key``.
+
+Unreferenced adapter and model objects younger than ``min_age_s`` are spared: the gateway
+uploads a model before asking to register it. The store is listed *before* the records are
+read, so an object written after the listing is never a candidate, and one written before it
+belongs to a registration whose claim the records then show.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from nats.js.errors import KeyNotFoundError
+
+from swarm_common.jobs import JobRecord
+from swarm_common.records import RecordTable
+from swarm_common.registry import (
+    AdapterKey,
+    AdapterVersion,
+    GcReport,
+    GetAdapter,
+    ModelVersion,
+    RunGc,
+)
+from swarm_common.store import ObjectStore
+from swarm_registry.adapters import DELETED, AdapterCatalog, job_index_key
+from swarm_registry.errors import RegistryError
+from swarm_registry.inspection import object_age_s
+from swarm_registry.versions import Versions, parse_version_key
+
+log = logging.getLogger(__name__)
+
+
+async def delete_version(catalog: AdapterCatalog, request: AdapterKey) -> AdapterVersion:
+    """Remove a version's record and files; refused while an alias points at it."""
+    record = await catalog.get(
+        GetAdapter(name=request.name, version=request.version, tenant=request.tenant)
+    )
+    holding = sorted(
+        alias
+        for (tenant, alias), version in (await catalog.aliases.holders(record.name)).items()
+        if tenant == record.tenant and version == record.version
+    )
+    if holding:
+        raise RegistryError(
+            f"adapter {record.name!r} version {record.version} is held by alias "
+            f"{', '.join(repr(a) for a in holding)}: move the alias first"
+        )
+    # Record first: from here on nobody is handed the files that are about to go.
+    await catalog.versions.delete(record.name, record.version)
+    await catalog.kv.put(
+        job_index_key(record.lineage.job_id),
+        f"{DELETED}{record.name}.{record.version}".encode(),
+    )
+    await asyncio.to_thread(catalog.store.delete_prefix, record.store_key + "/")
+    log.info("deleted adapter %s v%d", record.name, record.version)
+    return record
+
+
+def _segments(key: str, n: int) -> tuple[str, ...]:
+    return tuple(key.split("/")[:n])
+
+
+class Collector:
+    def __init__(
+        self,
+        store: ObjectStore,
+        adapters: AdapterCatalog,
+        models: Versions[ModelVersion],
+        jobs: RecordTable[JobRecord],
+    ) -> None:
+        self.store = store
+        self.adapters = adapters
+        self.models = models
+        self.jobs = jobs
+
+    async def run(self, request: RunGc) -> GcReport:
+        listed = await asyncio.to_thread(self._list)
+        # Records are read only now, after the listing: see the module docstring.
+        versions = await self.adapters.versions.all()
+        kept_adapters = {record.store_key for _, _, record in versions}
+        claimed = await self._claimed()
+        model_prefixes = [m.store_key.rstrip("/") + "/" for _, _, m in await self.models.all()]
+        finished = {job.job_id for job in await self.jobs.all() if job.state.terminal}
+
+        def old(key: str) -> bool:
+            return object_age_s(self.store, key) >= request.min_age_s
+
+        report = GcReport()
+        for key in listed["adapters"]:
+            parts = _segments(key, 4)
+            if len(parts) < 4 or "/".join(parts) in kept_adapters:
+                continue
+            version = int(parts[3]) if parts[3].isdigit() else None
+            if (parts[2], version) in claimed or not await asyncio.to_thread(old, key):
+                continue
+            report.adapters.append(key)
+        for kind in ("outputs", "checkpoints"):
+            for key in listed[kind]:
+                if _segments(key, 2)[-1] in finished:
+                    getattr(report, kind).append(key)
+        for key in listed["models"]:
+            if not any(key.startswith(p) for p in model_prefixes) and await asyncio.to_thread(
+                old, key
+            ):
+                report.models.append(key)
+        if not request.dry_run:
+            await asyncio.to_thread(self._delete, report)
+        return report
+
+    def _list(self) -> dict[str, list[str]]:
+        kinds = ("adapters", "outputs", "checkpoints", "models")
+        return {kind: self.store.list(f"{kind}/") for kind in kinds}
+
+    async def _claimed(self) -> set[tuple[str, int | None]]:
+        """(name, version) of every live job index entry: registrations possibly copying."""
+        claimed: set[tuple[str, int | None]] = set()
+        for key in await self.adapters.versions.table.keys():
+            if not key.startswith("job."):
+                continue
+            try:
+                entry = await self.adapters.kv.get(key)
+            except KeyNotFoundError:
+                continue
+            value = entry.value.decode() if entry.value else ""
+            parsed = None if value.startswith(DELETED) else parse_version_key(value)
+            if parsed is not None:
+                claimed.add(parsed)
+        return claimed
+
+    def _delete(self, report: GcReport) -> None:
+        for keys in (report.adapters, report.outputs, report.checkpoints, report.models):
+            for key in keys:
+                self.store.delete(key)
+        if report.checkpoints:
+            # Ray's S3 storage leaves empty "dir/" marker objects that list() does not show.
+            for job in sorted({_segments(k, 2)[1] for k in report.checkpoints}):
+                self.store.delete_prefix(f"checkpoints/{job}/")
+        log.info(
+            "gc removed %d adapter, %d output, %d checkpoint and %d model objects",
+            len(report.adapters),
+            len(report.outputs),
+            len(report.checkpoints),
+            len(report.models),
+        )

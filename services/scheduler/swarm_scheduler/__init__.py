@@ -1,0 +1,1 @@
+"""The scheduler: turns queued jobs into assignments on workers that fit."""

@@ -1,0 +1,17 @@
+import asyncio
+import logging
+
+from swarm_common.settings import Settings
+from swarm_scheduler.app import build_app
+
+
+def main() -> None:
+    settings = Settings()
+    logging.basicConfig(
+        level=settings.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s"
+    )
+    asyncio.run(build_app(settings).run())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,122 @@
+"""The scheduler's FastStream app: which messages it consumes, typed by their contract."""
+
+from __future__ import annotations
+
+import logging
+from typing import Annotated, Any
+
+from faststream import AckPolicy, FastStream
+from faststream.nats import JStream, NatsMessage, PullSub
+from nats.js.api import ConsumerConfig
+from pydantic import Field
+
+from swarm_common.broker import make_broker
+from swarm_common.envelope import CloudEvent
+from swarm_common.events import AnyJobEvent, CancelRequest
+from swarm_common.jobs import JobSubmission
+from swarm_common.settings import Settings
+from swarm_common.subjects import Subjects
+from swarm_common.workers import Heartbeat
+from swarm_scheduler.scheduler import Scheduler
+
+log = logging.getLogger("swarm.scheduler")
+JobEventEnvelope = CloudEvent[Annotated[AnyJobEvent, Field(discriminator="event")]]
+# A follower that still got a message (in the moment before its consumers stopped) gives it
+# back for the leader after this long.
+FOLLOWER_NACK_DELAY_S = 0.5
+
+
+def _durable(stream: str) -> dict:
+    # Explicit acks, and a message that keeps failing is given up after a while rather than
+    # retried for ever; malformed ones never get here (dead-lettered by the broker middleware).
+    return {
+        "stream": JStream(stream, declare=False),
+        # Large batches: the messages of a batch are handled concurrently.
+        "pull_sub": PullSub(batch_size=128, timeout=1.0),
+        "ack_policy": AckPolicy.NACK_ON_ERROR,
+        "config": ConsumerConfig(ack_wait=30, max_deliver=50, max_ack_pending=4096),
+    }
+
+
+def build_app(settings: Settings) -> FastStream:
+    subjects = Subjects(settings.namespace)
+    broker = make_broker(settings, "scheduler")
+    scheduler = Scheduler(settings, broker)
+
+    submit_sub = broker.subscriber(
+        subjects.submit, durable="scheduler-submit", **_durable(subjects.submit_stream)
+    )
+    events_sub = broker.subscriber(
+        subjects.job_event(), durable="scheduler-events", **_durable(subjects.events_stream)
+    )
+    cancel_sub = broker.subscriber(
+        subjects.cancel(), durable="scheduler-cancel", **_durable(subjects.control_stream)
+    )
+    # Only the leader consumes the work streams: the durable pull consumers are shared work
+    # queues, so a follower that pulled would take messages away from the leader.
+    leader_only: list[Any] = [submit_sub, events_sub, cancel_sub]
+
+    async def follower_gives_back(msg: NatsMessage) -> bool:
+        if scheduler.leading:
+            return False
+        await msg.nack(delay=FOLLOWER_NACK_DELAY_S)
+        return True
+
+    @submit_sub
+    async def on_submit(event: CloudEvent[JobSubmission], msg: NatsMessage) -> None:
+        if await follower_gives_back(msg):
+            return
+        key = (msg.headers or {}).get("Nats-Msg-Id") or event.id
+        if await scheduler.submit(event.data, key) is None:
+            await msg.nack(delay=2.0)  # the registry is down: try again shortly
+
+    @events_sub
+    async def on_job_event(event: JobEventEnvelope, msg: NatsMessage) -> None:
+        if await follower_gives_back(msg):
+            return
+        await scheduler.on_job_event(event.data)
+
+    @cancel_sub
+    async def on_cancel(event: CloudEvent[CancelRequest], msg: NatsMessage) -> None:
+        if await follower_gives_back(msg):
+            return
+        job_id = msg.raw_message.subject.split(".")[-2]
+        await scheduler.cancel(job_id if job_id != "*" else event.data.job_id, event.data.reason)
+
+    @broker.subscriber(subjects.heartbeat())
+    async def on_heartbeat(event: CloudEvent[Heartbeat]) -> None:
+        await scheduler.on_heartbeat(event.data)
+
+    async def consume(leading: bool) -> None:
+        for sub in leader_only:
+            try:
+                if leading and not sub.running:
+                    await sub.start()
+                elif not leading and sub.running:
+                    await sub.stop()
+            except Exception:
+                # The handlers check leadership too, so a consumer left in the wrong state
+                # delays messages but never lets a follower act on them.
+                log.exception("could not %s a consumer", "start" if leading else "stop")
+
+    scheduler.on_leadership = consume
+
+    app = FastStream(broker)
+
+    @app.on_startup
+    async def prepare() -> None:
+        # Streams and buckets must exist before the durable consumers are created.
+        await broker.connect()
+        await scheduler.prepare()
+
+    @app.after_startup
+    async def start() -> None:
+        await consume(scheduler.leading)
+        await scheduler.start()
+
+    @app.on_shutdown
+    async def stop() -> None:
+        await scheduler.stop()
+
+    app.context.set_global("scheduler", scheduler)
+    return app

@@ -1,0 +1,502 @@
+"""The scheduler's state and decisions: job records, the worker table, placement and requeue.
+
+The job records live in the ``jobs`` KV bucket; this process keeps a live view of them by
+watching the bucket, and changes them only by compare-and-set, so a stale view can at worst
+make a write fail, never make it wrong.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterable
+
+from faststream.nats import NatsBroker
+from nats.js.kv import KV_DEL, KV_PURGE
+
+from swarm_common.broker import publish_job_event
+from swarm_common.datasets import DatasetInfo
+from swarm_common.envelope import envelope
+from swarm_common.events import (
+    AnyJobEvent,
+    Assigned,
+    Cancelled,
+    Failed,
+    Queued,
+    Requeued,
+)
+from swarm_common.jobs import JobRecord, JobState, JobSubmission, ModelRef, job_id_for, utcnow
+from swarm_common.records import Conflict, RecordTable
+from swarm_common.settings import Settings
+from swarm_common.subjects import Subjects
+from swarm_common.topology import ensure_topology, kv_bucket
+from swarm_common.workers import Assignment, Heartbeat, WorkerInfo
+from swarm_scheduler.leader import Leadership
+from swarm_scheduler.leases import LeaseClock, overdue
+from swarm_scheduler.placement import HOLDING, plan
+from swarm_scheduler.registry_client import RegistryUnavailable, UnknownModel, resolve_model
+from swarm_scheduler.transitions import apply_event, is_stale
+from swarm_scheduler.worker_table import WorkerTable
+
+log = logging.getLogger("swarm.scheduler")
+SERVICE = "scheduler"
+# A worker's KV entry (read by the gateway) is rewritten when it changes, else this often.
+WORKER_KV_REFRESH_S = 5.0
+MODEL_CACHE_S = 2.0
+
+
+class Scheduler:
+    def __init__(self, settings: Settings, broker: NatsBroker) -> None:
+        self.settings = settings
+        self.broker = broker
+        self.subjects = Subjects(settings.namespace)
+        self.workers = WorkerTable(settings.worker_timeout_s)
+        # job id -> (record, KV revision): the live view of the jobs bucket.
+        self.records: dict[str, tuple[JobRecord, int]] = {}
+        # The records not yet terminal: what placement and lease checks look at, so that their
+        # cost does not grow with the history of finished jobs.
+        self.open: dict[str, JobRecord] = {}
+        # job id -> (attempt, monotonic time) of the last heartbeat of its worker listing it.
+        self._listed: dict[str, tuple[int, float]] = {}
+        self._running_seen: dict[str, float] = {}  # job id -> when this process saw it run
+        self._worker_kv_written: dict[str, tuple[object, float]] = {}
+        self._datasets: dict[str, DatasetInfo] = {}  # content-addressed: never change
+        self._models: dict[str, tuple[ModelRef, float]] = {}
+        self._wake = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._started_at = time.monotonic()
+        self.holder = f"scheduler-{uuid.uuid4().hex[:8]}"
+        self.leadership: Leadership | None = None
+        # Called with True/False as this process gains or loses leadership (the app starts and
+        # stops its stream consumers there).
+        self.on_leadership: Callable[[bool], object] | None = None
+
+    @property
+    def leading(self) -> bool:
+        return self.leadership is not None and self.leadership.leading
+
+    # --- start and stop ----------------------------------------------------------------
+
+    async def prepare(self) -> None:
+        js = self.broker.connection.jetstream()
+        await ensure_topology(js, self.subjects)
+        self.jobs = RecordTable(await kv_bucket(js, self.subjects, "jobs"), JobRecord)
+        self.datasets = RecordTable(await kv_bucket(js, self.subjects, "datasets"), DatasetInfo)
+        self.worker_kv = RecordTable(await kv_bucket(js, self.subjects, "workers"), WorkerInfo)
+        # Rebuild the view before serving: a restarted scheduler picks up where it left.
+        self._watcher = await self.jobs.kv.watchall()
+        while (entry := await self._watcher.updates(timeout=30)) is not None:
+            self._apply_watch(entry)
+        self._started_at = time.monotonic()
+        leader_kv = await kv_bucket(js, self.subjects, "leader")
+        self.leadership = Leadership(
+            leader_kv, self.holder, self.settings.leader_lease_s, self._leadership_changed
+        )
+        await self.leadership.tick()  # decided before the consumers start
+
+    async def _leadership_changed(self, leading: bool) -> None:
+        if leading:
+            # Like a restart: give workers a timeout's worth of heartbeats before trusting
+            # that a silent one is gone, and count lease times from now.
+            self._started_at = time.monotonic()
+            self._running_seen.clear()
+            self.wake()
+        if self.on_leadership is not None:
+            result = self.on_leadership(leading)
+            if asyncio.iscoroutine(result):
+                await result
+
+    async def start(self) -> None:
+        assert self.leadership is not None
+        self.leadership.start()
+        self._tasks = [
+            asyncio.create_task(self._watch_loop()),
+            asyncio.create_task(self._placement_loop()),
+            asyncio.create_task(self._liveness_loop()),
+        ]
+
+    async def stop(self) -> None:
+        if self.leadership is not None:
+            await self.leadership.stop()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        with contextlib.suppress(Exception):
+            await self._watcher.stop()
+
+    def wake(self) -> None:
+        """Ask for a placement pass now rather than at the next tick."""
+        self._wake.set()
+
+    # --- the live view of job records ----------------------------------------------------
+
+    def _apply_watch(self, entry: object) -> None:
+        key, revision = entry.key, entry.revision  # type: ignore[attr-defined]
+        if entry.operation in (KV_DEL, KV_PURGE) or not entry.value:  # type: ignore[attr-defined]
+            self.records.pop(key, None)
+            self.open.pop(key, None)
+            return
+        cached = self.records.get(key)
+        if cached is None or cached[1] < revision:
+            self._store(JobRecord.model_validate_json(entry.value), revision)  # type: ignore[attr-defined]
+
+    def _remember(self, record: JobRecord, revision: int) -> None:
+        # Our own writes go into the view at once: capacity must never be computed from a
+        # view that misses an assignment we just made.
+        cached = self.records.get(record.job_id)
+        if cached is None or cached[1] < revision:
+            self._store(record, revision)
+
+    def _store(self, record: JobRecord, revision: int) -> None:
+        self.records[record.job_id] = (record, revision)
+        if record.state.terminal:
+            self.open.pop(record.job_id, None)
+            self._listed.pop(record.job_id, None)
+            self._running_seen.pop(record.job_id, None)
+        else:
+            self.open[record.job_id] = record
+
+    async def _watch_loop(self) -> None:
+        async for entry in self._watcher:
+            if entry is not None:
+                self._apply_watch(entry)
+
+    async def _modify(
+        self, job_id: str, change: Callable[[JobRecord], JobRecord | None]
+    ) -> JobRecord | None:
+        def stamped(r: JobRecord) -> JobRecord | None:
+            new = change(r)
+            if new is not None:
+                new.updated_at = utcnow()
+            return new
+
+        # Fast path: compare-and-set against the view's revision, saving a read; a conflict
+        # (the view was behind) falls back to read-modify-write.
+        # A no-op on the view is re-checked on the bucket, in case the view was behind.
+        cached = self.records.get(job_id)
+        if cached is not None:
+            new = stamped(cached[0].model_copy(deep=True))
+            if new is not None:
+                with contextlib.suppress(Conflict):
+                    revision = await self.jobs.update(job_id, new, cached[1])
+                    self._remember(new, revision)
+                    return new
+        written = await self.jobs.modify(job_id, stamped)
+        if written is None:
+            return None
+        self._remember(*written)
+        return written[0]
+
+    async def _emit(self, event: AnyJobEvent) -> None:
+        # One event of a kind per attempt: a retried publish is de-duplicated by JetStream.
+        msg_id = f"{event.job_id}.{event.attempt}.{event.event}"
+        await publish_job_event(self.broker, self.subjects, SERVICE, event, msg_id=msg_id)
+
+    # --- submissions -----------------------------------------------------------------------
+
+    async def submit(self, submission: JobSubmission, idempotency_key: str) -> JobRecord | None:
+        """Create the job record; None when the submission must be retried later."""
+        job_id = submission.job_id or job_id_for(submission.tenant, idempotency_key)
+        existing = self.records.get(job_id) or await self.jobs.get(job_id)
+        if existing is not None:
+            log.info("duplicate submission of %s dropped", job_id)
+            return existing[0]
+
+        record = JobRecord(job_id=job_id, tenant=submission.tenant, spec=submission.spec)
+        try:
+            record.base_model = await self._resolve(submission.spec.base_model)
+            await self._check_datasets(record)
+        except RegistryUnavailable:
+            log.warning("registry unavailable; submission %s will be retried", job_id)
+            return None
+        except (UnknownModel, LookupError) as exc:
+            record.state, record.reason = JobState.failed, str(exc)
+
+        try:
+            self._remember(record, await self.jobs.create(job_id, record))
+        except Conflict:
+            return (await self.jobs.get(job_id) or (record, 0))[0]
+        spec = submission.spec
+        await self._emit(Queued(job_id=job_id, tenant=record.tenant, spec=spec))
+        if record.state == JobState.failed:
+            await self._emit(Failed(job_id=job_id, reason=record.reason or ""))
+        self.wake()
+        return record
+
+    async def _resolve(self, ref: str) -> ModelRef:
+        """The registry's answer, reused briefly: at a hundred submissions a second, asking
+        for each one costs the registry and the scheduler more than placing the job. A pinned
+        ``name@version`` never changes; a bare name may move to a new version, so it is kept
+        only ``MODEL_CACHE_S``."""
+        now = time.monotonic()
+        cached = self._models.get(ref)
+        if cached is not None and ("@" in ref or now - cached[1] < MODEL_CACHE_S):
+            return cached[0]
+        model = await resolve_model(self.broker, self.subjects, ref)
+        self._models[ref] = (model, now)
+        return model
+
+    async def _check_datasets(self, record: JobRecord) -> None:
+        for field in ("dataset", "validation"):
+            dataset_id = getattr(record.spec, field)
+            if dataset_id and await self._dataset(record.tenant, dataset_id) is None:
+                raise LookupError(
+                    f"unknown {field} dataset {dataset_id!r} for tenant {record.tenant!r}"
+                )
+
+    # --- job events and cancellation ------------------------------------------------------
+
+    async def on_job_event(self, event: AnyJobEvent) -> None:
+        if event.event in ("queued", "assigned", "requeued"):
+            return  # our own; already in the record
+        found = self.records.get(event.job_id)
+        if found is None or event.attempt > found[0].attempt:
+            found = await self.jobs.get(event.job_id)  # the view may be behind a new attempt
+        if found is not None and is_stale(found[0], event):
+            log.warning(
+                "rejected %s from stale attempt %d of %s (current attempt %d)",
+                event.event,
+                event.attempt,
+                event.job_id,
+                found[0].attempt,
+            )
+            return
+        new = await self._modify(event.job_id, lambda r: apply_event(r, event))
+        if new is not None and new.state.terminal:
+            self.wake()
+
+    async def cancel(self, job_id: str, reason: str) -> None:
+        def change(r: JobRecord) -> JobRecord | None:
+            if r.state.terminal or r.cancel_requested:
+                return None
+            r.cancel_requested, r.cancel_requested_at = True, utcnow()
+            if r.state == JobState.queued:
+                # Nobody runs it: cancel here. A running job is stopped by its worker, which
+                # listens on the same subject and reports `cancelled` itself.
+                r.state, r.reason = JobState.cancelled, reason
+            return r
+
+        new = await self._modify(job_id, change)
+        if new is not None and new.state == JobState.cancelled:
+            await self._emit(Cancelled(job_id=job_id, attempt=new.attempt, reason=reason))
+
+    # --- workers ---------------------------------------------------------------------------
+
+    async def on_heartbeat(self, heartbeat: Heartbeat) -> None:
+        # Every scheduler process follows heartbeats (core NATS reaches them all), so that a
+        # follower that takes over already knows which workers are alive.
+        info, fresh = self.workers.heartbeat(heartbeat)
+        now = time.monotonic()
+        for job in heartbeat.running:
+            self._listed[job.job_id] = (job.attempt, now)
+        if fresh:
+            log.info("worker %s is alive: %s", info.worker_id, info.resources.model_dump())
+            self.wake()
+        if self.leading:
+            await self._write_worker(info, now)
+
+    async def _write_worker(self, info: WorkerInfo, now: float) -> None:
+        """Write the worker's KV entry on a change, else only every few seconds.
+
+        A write per heartbeat would be thousands of KV writes a second with many workers, for
+        a table that the gateway only displays.
+        """
+        signature = (info.state, info.free, info.running, info.labels, info.resources)
+        previous = self._worker_kv_written.get(info.worker_id)
+        if previous and previous[0] == signature and now - previous[1] < WORKER_KV_REFRESH_S:
+            return
+        self._worker_kv_written[info.worker_id] = (signature, now)
+        await self.worker_kv.put(info.worker_id, info)
+
+    async def _liveness_loop(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            try:
+                await self.check_liveness()
+            except Exception:
+                log.exception("liveness check failed")
+
+    async def check_liveness(self) -> None:
+        for info in self.workers.expire():
+            log.warning(
+                "worker %s lost: no heartbeat for %.0fs", info.worker_id, self.workers.timeout_s
+            )
+            if self.leading:
+                await self.worker_kv.put(info.worker_id, info)
+        if not self.leading:
+            return
+        now = time.monotonic()
+        # A worker this process has never heard from since it started (or took over) may have
+        # died while no scheduler was watching; after a timeout's worth of silence it has.
+        grace_over = now - self._started_at > self.workers.timeout_s
+        for r in self.open.values():
+            if r.state == JobState.running:
+                self._running_seen.setdefault(r.job_id, now)
+
+        def last_listed(r: JobRecord) -> float:
+            attempt, seen = self._listed.get(r.job_id, (0, 0.0))
+            since = self._running_seen.get(r.job_id, now)
+            return max(since, seen) if attempt == r.attempt else since
+
+        clock = LeaseClock(
+            utcnow(), now, self.settings.assign_timeout_s, self.settings.cancel_grace_s
+        )
+        for due in overdue(
+            list(self.open.values()),
+            clock,
+            alive=self.workers.is_alive,
+            trust_absence=lambda w: grace_over or self.workers.known(w),
+            last_listed=last_listed,
+        ):
+            log.warning("%s %s: %s", due.action, due.job_id, due.reason)
+            await self.requeue(due.job_id, due.worker_id, due.reason, cancel=due.action == "cancel")
+
+    async def requeue(
+        self, job_id: str, worker_id: str, reason: str, *, cancel: bool = False
+    ) -> None:
+        """Take the job back from ``worker_id``: queue it again, or end it if it must end."""
+
+        def change(r: JobRecord) -> JobRecord | None:
+            if r.state not in HOLDING or r.worker_id != worker_id:
+                return None
+            if cancel:
+                r.state, r.reason = JobState.cancelled, reason
+            elif r.cancel_requested:
+                r.state, r.reason = JobState.cancelled, f"cancelled ({reason})"
+            elif r.attempt >= self.settings.max_attempts:
+                r.state, r.reason = JobState.failed, f"{reason}; gave up after {r.attempt} attempts"
+            else:
+                r.state, r.reason, r.worker_id = JobState.queued, f"requeued: {reason}", None
+                r.assigned_at = None
+            return r
+
+        new = await self._modify(job_id, change)
+        if new is None:
+            return
+        if new.state == JobState.queued:
+            await self._emit(Requeued(job_id=job_id, attempt=new.attempt, reason=reason))
+            self.wake()
+        elif new.state == JobState.failed:
+            await self._emit(
+                Failed(job_id=job_id, attempt=new.attempt, reason=new.reason or reason)
+            )
+        else:
+            await self._emit(
+                Cancelled(job_id=job_id, attempt=new.attempt, reason=new.reason or reason)
+            )
+
+    # --- placement -----------------------------------------------------------------------
+
+    async def _placement_loop(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=1.0)
+            self._wake.clear()
+            if not self.leading:
+                continue
+            try:
+                await self.place()
+            except Exception:
+                log.exception("placement pass failed")
+
+    async def place(self) -> None:
+        jobs = list(self.open.values())
+        queued = [j for j in jobs if j.state == JobState.queued and not j.cancel_requested]
+        if not queued:
+            return
+        result = plan(queued, self.workers.alive(), jobs, self.settings.tenant_max_running)
+        # The plan already gave each job its own room, so the writes can go out together:
+        # each is a compare-and-set on its own record, and one that fails leaves its room
+        # unused until the next pass rather than giving it twice.
+        await _gather(self._assign(job.job_id, worker_id) for job, worker_id in result.placements)
+        changed = [
+            (job_id, reason)
+            for job_id, reason in result.waiting.items()
+            if self.records[job_id][0].reason != reason
+        ]
+        await _gather(
+            self._modify(job_id, lambda r, why=reason: _with_reason(r, why))
+            for job_id, reason in changed
+        )
+
+    async def _dataset(self, tenant: str, dataset_id: str | None) -> DatasetInfo | None:
+        if not dataset_id:
+            return None
+        key = f"{tenant}.{dataset_id}"
+        if key not in self._datasets:
+            found = await self.datasets.get(key)
+            if found is None:
+                return None
+            self._datasets[key] = found[0]
+        return self._datasets[key]
+
+    async def _assign(self, job_id: str, worker_id: str) -> None:
+        record, revision = self.records[job_id]
+        if record.state != JobState.queued or record.base_model is None:
+            return
+        dataset = await self._dataset(record.tenant, record.spec.dataset)
+        validation = await self._dataset(record.tenant, record.spec.validation)
+        if dataset is None or (record.spec.validation and validation is None):
+            await self._fail(job_id, "the job's dataset was deleted before it could run")
+            return
+
+        new = record.model_copy(deep=True)
+        new.state, new.attempt, new.worker_id, new.reason = (
+            JobState.assigned,
+            record.attempt + 1,
+            worker_id,
+            None,
+        )
+        new.updated_at = new.assigned_at = utcnow()
+        try:
+            self._remember(new, await self.jobs.update(job_id, new, revision))
+        except Conflict:
+            return  # changed under us (cancelled, say); the next pass sees the new record
+        assignment = Assignment(
+            job_id=job_id,
+            attempt=new.attempt,
+            tenant=new.tenant,
+            worker_id=worker_id,
+            spec=new.spec,
+            base_model=new.base_model,
+            dataset=dataset,
+            validation=validation,
+        )
+        await self.broker.publish(
+            envelope(SERVICE, "swarm.worker.assign", assignment, subject=job_id),
+            self.subjects.assign(worker_id),
+            stream=self.subjects.assign_stream,
+            headers={"Nats-Msg-Id": f"{job_id}.{new.attempt}"},
+        )
+        await self._emit(Assigned(job_id=job_id, attempt=new.attempt, worker_id=worker_id))
+        log.info("assigned %s attempt %d to %s", job_id, new.attempt, worker_id)
+
+    async def _fail(self, job_id: str, reason: str) -> None:
+        def change(r: JobRecord) -> JobRecord | None:
+            if r.state.terminal:
+                return None
+            r.state, r.reason = JobState.failed, reason
+            return r
+
+        new = await self._modify(job_id, change)
+        if new is not None:
+            await self._emit(Failed(job_id=job_id, attempt=new.attempt, reason=reason))
+
+
+def _with_reason(record: JobRecord, reason: str) -> JobRecord | None:
+    if record.state != JobState.queued or record.reason == reason:
+        return None
+    record.reason = reason
+    return record
+
+
+async def _gather(calls: Iterable[Awaitable[object]]) -> None:
+    """Run the calls together; log (not raise) failures, so one bad write spoils no others."""
+    for result in await asyncio.gather(*calls, return_exceptions=True):
+        if isinstance(result, Exception):
+            log.error("scheduler write failed: %r", result)

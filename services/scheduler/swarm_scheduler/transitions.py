@@ -1,0 +1,55 @@
+"""How a job record changes when a job event arrives: pure functions, fenced by attempt."""
+
+from __future__ import annotations
+
+from swarm_common.events import (
+    AnyJobEvent,
+    Cancelled,
+    CheckpointSaved,
+    Failed,
+    Progress,
+    Started,
+    Succeeded,
+    Validated,
+)
+from swarm_common.jobs import JobRecord, JobState, utcnow
+
+
+def is_stale(record: JobRecord, event: AnyJobEvent) -> bool:
+    """An event from any attempt but the current one comes from a worker that lost its lease."""
+    return event.attempt != record.attempt
+
+
+def apply_event(record: JobRecord, event: AnyJobEvent) -> JobRecord | None:
+    """The record after ``event``, or None when the event changes nothing.
+
+    Events the scheduler emits itself (queued, assigned, requeued) are already reflected in the
+    record when they come back, so they change nothing here.
+    """
+    if record.state.terminal or is_stale(record, event):
+        return None
+    new = record.model_copy(deep=True)
+    match event:
+        case Started() if record.state == JobState.assigned:
+            new.state = JobState.running
+        case Progress():
+            new.metrics.update(step=event.step, loss=event.loss, tokens_per_s=event.tokens_per_s)
+        case Validated():
+            new.metrics.update(eval_loss=event.eval_loss, perplexity=event.perplexity)
+        case CheckpointSaved():
+            new.metrics.update(checkpoint_step=event.step)
+        case Succeeded():
+            new.state = JobState.succeeded
+            new.adapter = event.adapter
+            new.metrics.update(event.metrics)
+            new.reason = None
+        case Failed():
+            new.state = JobState.failed
+            new.reason = event.reason
+        case Cancelled():
+            new.state = JobState.cancelled
+            new.reason = event.reason
+        case _:
+            return None
+    new.updated_at = utcnow()
+    return new

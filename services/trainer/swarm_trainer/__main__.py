@@ -1,0 +1,4 @@
+from swarm_trainer.app import main
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,269 @@
+"""JSONL datasets to token batches: tokenize, mask prompts, split, shard by rank, pad.
+
+Supported line formats (one JSON object per line):
+
+* ``{"text": ...}``: loss on every token;
+* ``{"prompt": ..., "completion": ...}``: loss on the completion only;
+* ``{"messages": [{"role": ..., "content": ...}, ...]}``: loss on assistant turns only.
+
+A micro-batch is either padded (rows padded to the longest example of the batch) or packed
+(the batch's examples laid end to end in as few rows as fit ``seq_len``, with ``position_ids``
+restarting at 0 for each example and no ``attention_mask``: transformers 5 then builds a
+block-diagonal causal mask from the positions (``masking_utils.find_packed_sequence_indices``,
+only when the model is called without a KV cache: ``use_cache=False``), so no example
+attends to another).
+
+Everything is a pure function of the data and the seed, so that a resumed run sees exactly
+the batches the first attempt would have seen.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+IGNORE_INDEX = -100
+
+
+class Tokenizer(Protocol):
+    bos_token_id: int | None
+    eos_token_id: int | None
+    pad_token_id: int | None
+
+    def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
+
+
+class DatasetError(ValueError):
+    """The dataset cannot be used; the message says why, for the job's ``failed`` event."""
+
+
+@dataclass(frozen=True)
+class Example:
+    input_ids: list[int]
+    labels: list[int]
+    # Index of the source record in the dataset (after the holdout split): lets a rank say
+    # which examples it trained on, e.g. to show that data-parallel shards are disjoint.
+    source: int = -1
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Model inputs plus what the loop reports about them (never passed to the model)."""
+
+    inputs: dict[str, torch.Tensor]
+    tokens: int  # real (non-pad) tokens: what tokens/s counts
+    sources: list[int]
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    records: list[dict[str, Any]] = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DatasetError(f"line {lineno}: not JSON ({exc.msg})") from exc
+            if not isinstance(record, dict):
+                raise DatasetError(f"line {lineno}: expected a JSON object")
+            records.append(record)
+    if not records:
+        raise DatasetError(f"{path.name}: no examples")
+    return records
+
+
+def _segments(record: dict[str, Any]) -> list[tuple[str, bool]]:
+    """(text, trained-on) pieces of one example, in order."""
+    if "prompt" in record and "completion" in record:
+        return [(str(record["prompt"]), False), (str(record["completion"]), True)]
+    if "text" in record:
+        return [(str(record["text"]), True)]
+    if "messages" in record and isinstance(record["messages"], list):
+        pieces: list[tuple[str, bool]] = []
+        for message in record["messages"]:
+            role, content = str(message.get("role", "user")), str(message.get("content", ""))
+            # The role header is context, never a target: the model should learn the answers.
+            pieces.append((f"{role}: ", False))
+            pieces.append((content + "\n", role == "assistant"))
+        return pieces
+    raise DatasetError(
+        f"unsupported example with keys {sorted(record)}: "
+        "expected text, prompt+completion, or messages"
+    )
+
+
+def encode_example(
+    record: dict[str, Any], tokenizer: Tokenizer, seq_len: int, source: int = -1
+) -> Example | None:
+    """Tokens and labels (prompt positions = -100); None if nothing is left to learn from."""
+    input_ids: list[int] = []
+    labels: list[int] = []
+    if tokenizer.bos_token_id is not None:
+        input_ids.append(tokenizer.bos_token_id)
+        labels.append(IGNORE_INDEX)
+    for text, trained in _segments(record):
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        input_ids.extend(ids)
+        labels.extend(ids if trained else [IGNORE_INDEX] * len(ids))
+    if tokenizer.eos_token_id is not None:
+        input_ids.append(tokenizer.eos_token_id)
+        # The end of a trained piece is itself a target: the model must learn to stop.
+        labels.append(tokenizer.eos_token_id if labels[-1] != IGNORE_INDEX else IGNORE_INDEX)
+    input_ids, labels = input_ids[:seq_len], labels[:seq_len]
+    if all(label == IGNORE_INDEX for label in labels):
+        return None
+    return Example(input_ids, labels, source)
+
+
+def tokenize(
+    records: Sequence[dict[str, Any]],
+    tokenizer: Tokenizer,
+    seq_len: int,
+    sources: Sequence[int] | None = None,
+) -> list[Example]:
+    ids = range(len(records)) if sources is None else sources
+    examples = [
+        e
+        for r, i in zip(records, ids, strict=True)
+        if (e := encode_example(r, tokenizer, seq_len, i)) is not None
+    ]
+    if not examples:
+        raise DatasetError("no example has any target token left after truncation to seq_len")
+    return examples
+
+
+def split_holdout(
+    records: Sequence[Any], val_fraction: float, seed: int
+) -> tuple[list[Any], list[Any]]:
+    """(train, validation): a seeded random ``val_fraction`` held out, at least one if > 0."""
+    if val_fraction <= 0 or len(records) < 2:
+        return list(records), []
+    order = list(range(len(records)))
+    random.Random(seed).shuffle(order)
+    n_val = min(len(records) - 1, max(1, round(len(records) * val_fraction)))
+    val_idx = set(order[:n_val])
+    train = [r for i, r in enumerate(records) if i not in val_idx]
+    val = [r for i, r in enumerate(records) if i in val_idx]
+    return train, val
+
+
+def shard(items: Sequence[Any], rank: int, world_size: int) -> list[Any]:
+    """This rank's disjoint share (every ``world_size``-th item from ``rank``)."""
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} outside world of {world_size}")
+    return list(items[rank::world_size])
+
+
+def collate(examples: Sequence[Example], pad_id: int) -> Batch:
+    """Right-pad to the longest example; padded positions are masked and never targets."""
+    width = max(len(e.input_ids) for e in examples)
+    input_ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
+    labels = torch.full((len(examples), width), IGNORE_INDEX, dtype=torch.long)
+    attention_mask = torch.zeros((len(examples), width), dtype=torch.long)
+    for row, e in enumerate(examples):
+        n = len(e.input_ids)
+        input_ids[row, :n] = torch.tensor(e.input_ids)
+        labels[row, :n] = torch.tensor(e.labels)
+        attention_mask[row, :n] = 1
+    inputs = {"input_ids": input_ids, "labels": labels, "attention_mask": attention_mask}
+    return Batch(inputs, int(attention_mask.sum()), [e.source for e in examples])
+
+
+def pack_rows(examples: Sequence[Example], capacity: int) -> list[list[Example]]:
+    """First-fit decreasing: few, nearly full rows; deterministic for a given batch."""
+    rows: list[list[Example]] = []
+    room: list[int] = []
+    for e in sorted(examples, key=lambda e: len(e.input_ids), reverse=True):
+        n = len(e.input_ids)
+        row = next((i for i, free in enumerate(room) if free >= n), None)
+        if row is None:
+            rows.append([])
+            room.append(capacity)
+            row = len(rows) - 1
+        rows[row].append(e)
+        room[row] -= n
+    return rows
+
+
+def collate_packed(examples: Sequence[Example], pad_id: int, capacity: int) -> Batch:
+    """Several examples per row, positions restarting per example, no attention mask.
+
+    The tail padding of a row gets its own restarted positions, so it is one more segment
+    that attends only to itself and is never a target.
+    """
+    rows = pack_rows(examples, capacity)
+    width = max(sum(len(e.input_ids) for e in row) for row in rows)
+    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    labels = torch.full((len(rows), width), IGNORE_INDEX, dtype=torch.long)
+    position_ids = torch.zeros((len(rows), width), dtype=torch.long)
+    for r, row in enumerate(rows):
+        at = 0
+        for e in row:
+            n = len(e.input_ids)
+            input_ids[r, at : at + n] = torch.tensor(e.input_ids)
+            labels[r, at : at + n] = torch.tensor(e.labels)
+            # An example's first token is never a target: predicting it would mean predicting
+            # across the boundary from the previous example's last token.
+            labels[r, at] = IGNORE_INDEX
+            position_ids[r, at : at + n] = torch.arange(n)
+            at += n
+        position_ids[r, at:] = torch.arange(width - at)
+    inputs = {"input_ids": input_ids, "labels": labels, "position_ids": position_ids}
+    tokens = sum(len(e.input_ids) for e in examples)
+    return Batch(inputs, tokens, [e.source for row in rows for e in row])
+
+
+class BatchSampler:
+    """Micro-batch ``i`` of an endless, per-epoch reshuffled pass over one rank's examples.
+
+    Random access by index (not an iterator) so that a resumed run at step ``s`` continues
+    with exactly the batch the interrupted run would have used next.
+    """
+
+    def __init__(
+        self,
+        examples: Sequence[Example],
+        batch_size: int,
+        pad_id: int,
+        seed: int,
+        pack_to: int | None = None,
+    ):
+        if not examples:
+            raise DatasetError("this worker's shard of the training set is empty")
+        self.examples = list(examples)
+        self.batch_size = batch_size
+        self.pad_id = pad_id
+        self.seed = seed
+        self.pack_to = pack_to  # row capacity when packing, None to pad
+        self.per_epoch = max(1, len(self.examples) // batch_size)
+        self._orders: dict[int, list[int]] = {}
+
+    def _order(self, epoch: int) -> list[int]:
+        if epoch not in self._orders:
+            order = list(range(len(self.examples)))
+            random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
+            self._orders = {epoch: order}  # only the current epoch is ever needed again
+        return self._orders[epoch]
+
+    def batch(self, index: int) -> Batch:
+        epoch, pos = divmod(index, self.per_epoch)
+        order = self._order(epoch)
+        # Shards smaller than a batch wrap around rather than giving a short batch.
+        picks = [order[(pos * self.batch_size + k) % len(order)] for k in range(self.batch_size)]
+        chosen = [self.examples[i] for i in picks]
+        if self.pack_to is not None:
+            return collate_packed(chosen, self.pad_id, self.pack_to)
+        return collate(chosen, self.pad_id)
+
+
+def eval_batches(examples: Sequence[Example], batch_size: int, pad_id: int) -> list[Batch]:
+    return [
+        collate(examples[i : i + batch_size], pad_id) for i in range(0, len(examples), batch_size)
+    ]

@@ -1,0 +1,159 @@
+"""The dashboard in headless Chromium against real services: live curves, and the API key."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from selenium.common.exceptions import StaleElementReferenceException
+from selenium.webdriver import Chrome
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import WebDriverWait
+
+from swarm_common.jobs import JobState
+from swarm_common.settings import Settings
+from swarm_gateway.app import create_app
+
+from ..conftest import ServerThread
+from .conftest import Stack
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCS_SCREENSHOT = ROOT / "docs" / "img" / "dashboard.png"
+MAX_STEPS = 40
+
+
+def job_spec(stack: Stack) -> dict:
+    # Long enough (40 steps) that the page sees the curve grow between two polls.
+    return {
+        "name": "dashboard-demo",
+        "base_model": "tiny-llama",
+        "dataset": stack.train.id,
+        "validation": stack.validation.id,
+        "lora": {"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]},
+        "training": {
+            "max_steps": MAX_STEPS,
+            "batch_size": 8,
+            "lr": 3e-3,
+            "warmup_steps": 2,
+            "seq_len": 64,
+            # Frequent evals and checkpoints stretch the run over several of the page's 1 s
+            # polls even on a fast machine (and put eval points on the chart).
+            "eval_every": 5,
+            "checkpoint_every": 10,
+        },
+    }
+
+
+def until(driver: Chrome, what: Callable[[Chrome], object], timeout: float = 60) -> object:
+    """Poll ``what`` until truthy; the page re-renders every second, so stale elements retry."""
+    return WebDriverWait(
+        driver, timeout, poll_frequency=0.2, ignored_exceptions=(StaleElementReferenceException,)
+    ).until(what)
+
+
+def train_points(driver: Chrome) -> int:
+    return int(driver.find_element(By.ID, "loss-chart").get_attribute("data-train-points") or 0)
+
+
+def polyline_points(driver: Chrome, css_class: str) -> int:
+    lines = driver.find_elements(By.CSS_SELECTOR, f"#loss-chart polyline.{css_class}")
+    return len(lines[0].get_attribute("points").split()) if lines else 0
+
+
+def test_the_dashboard_draws_a_running_jobs_loss_curve_as_it_grows(
+    stack: Stack, browser: Chrome, tmp_path: Path
+) -> None:
+    job = stack.client.submit(job_spec(stack), idempotency_key=f"dashboard-{time.time_ns()}")
+    browser.get(stack.local.gateway_url + "/")
+    assert browser.title == "Swarm dashboard"
+
+    # The worker and its load, from /v1/workers.
+    until(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#workers tr[data-worker-id]"))
+    worker = browser.find_element(By.CSS_SELECTOR, '#workers tr[data-worker-id="dashboard-worker"]')
+    assert "alive" in worker.text
+
+    # Select the job in the jobs table (rows are redrawn every poll: retry a stale click).
+    row_css = f'#jobs tr[data-job-id="{job.job_id}"]'
+
+    def click_row(d: Chrome) -> bool:
+        d.find_element(By.CSS_SELECTOR, row_css).click()
+        return "selected" in (d.find_element(By.CSS_SELECTOR, row_css).get_attribute("class") or "")
+
+    until(browser, click_row)
+    assert job.job_id in browser.find_element(By.ID, "job-title").text
+
+    # The curve gains points while the job runs: two readings, the second larger.
+    until(browser, lambda d: train_points(d) >= 1, timeout=90)
+    first = train_points(browser)
+    until(browser, lambda d: train_points(d) > first, timeout=60)
+    second = train_points(browser)
+    assert second > first
+    assert polyline_points(browser, "train") >= first
+    running = stack.client.get_job(job.job_id)
+    assert running.state in (JobState.running, JobState.succeeded), running.reason
+
+    # Events stream in over SSE (fetch-based, so it would also carry a key).
+    until(browser, lambda d: d.find_elements(By.CSS_SELECTOR, '#events li[data-event="progress"]'))
+
+    done = stack.client.wait(job.job_id, timeout=240)
+    assert done.state == JobState.succeeded, done.reason
+    # The final picture: every step, the eval points, the end event and the adapter.
+    until(browser, lambda d: train_points(d) == MAX_STEPS)
+    until(browser, lambda d: d.find_elements(By.CSS_SELECTOR, '#events li[data-event="succeeded"]'))
+    until(browser, lambda d: "dashboard-demo v" in d.find_element(By.ID, "job-summary").text)
+    evals = int(browser.find_element(By.ID, "loss-chart").get_attribute("data-eval-points") or 0)
+    assert evals >= 1 and polyline_points(browser, "eval") == evals
+    assert polyline_points(browser, "train") == MAX_STEPS
+    row = browser.find_element(By.CSS_SELECTOR, row_css)
+    assert row.get_attribute("data-state") == "succeeded"
+
+    shot = tmp_path / "dashboard.png"
+    assert browser.save_screenshot(str(shot)) and shot.stat().st_size > 10_000
+    # The PNG in docs/ is documentation: refresh it only when asked to.
+    if os.environ.get("SWARM_UPDATE_SCREENSHOT") == "1":
+        DOCS_SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(shot, DOCS_SCREENSHOT)
+
+
+def test_with_auth_on_the_page_asks_for_a_key_and_keeps_it(
+    settings: Settings, browser: Chrome
+) -> None:
+    keyed = settings.model_copy(update={"api_keys": "dash-secret-key=acme"})
+    with ServerThread(create_app(keyed)) as server:
+        browser.get(server.url + "/dashboard")
+        # No key yet: every call is a 401, and the page says what to do.
+        banner = browser.find_element(By.ID, "auth-banner")
+        until(browser, lambda _: banner.is_displayed())
+        assert "needs an API key" in banner.text
+        status = browser.find_element(By.ID, "status")
+        assert status.get_attribute("data-state") == "error"
+
+        browser.find_element(By.ID, "api-key").send_keys("dash-secret-key")
+        browser.find_element(By.ID, "key-save").click()
+        until(browser, lambda _: status.get_attribute("data-state") == "ok")
+        assert not banner.is_displayed()
+        # A tenant key lists its jobs but not the worker table, and the page says why.
+        note = browser.find_element(By.ID, "workers-note")
+        until(browser, lambda _: note.is_displayed())
+        assert "admin" in note.text
+
+        # Kept in this browser: a reload is authorised without typing the key again.
+        stored = browser.execute_script("return localStorage.getItem('swarm.apiKey')")
+        assert stored == "dash-secret-key"
+        browser.refresh()
+        status = browser.find_element(By.ID, "status")
+        until(browser, lambda _: status.get_attribute("data-state") == "ok")
+
+        # A wrong key is refused again, and the banner says it was this key.
+        key_input = browser.find_element(By.ID, "api-key")
+        key_input.clear()
+        key_input.send_keys("not-the-key")
+        browser.find_element(By.ID, "key-save").click()
+        banner = browser.find_element(By.ID, "auth-banner")
+        until(browser, lambda _: banner.is_displayed() and "refused" in banner.text)

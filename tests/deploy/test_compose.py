@@ -1,0 +1,531 @@
+"""Structure of the container deployment and of the service packages (no Docker needed).
+
+Parses docker-compose.yml, the Dockerfiles and the services' pyproject.toml files, and scans
+the services' imports, checking what `docker compose up` and the architecture rely on.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import shlex
+import tomllib
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlparse
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE = ROOT / "docker-compose.yml"
+SERVICES = ("gateway", "scheduler", "trainer", "registry", "telemetry")
+INFRA = ("nats", "minio", "minio-init")
+HEAVY = ("torch", "ray", "peft", "transformers")
+HTTP_PORTS = {"gateway": 8080, "telemetry": 8081}
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    data = yaml.safe_load(COMPOSE.read_text())
+    assert isinstance(data, dict)
+    return data
+
+
+@pytest.fixture(scope="module")
+def services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return compose["services"]
+
+
+def env_of(service: dict[str, Any]) -> dict[str, str]:
+    env = service.get("environment") or {}
+    if isinstance(env, list):  # ["KEY=value", ...]
+        env = dict(item.split("=", 1) for item in env)
+    return {k: str(v) for k, v in env.items()}
+
+
+def command_of(service: dict[str, Any], key: str = "command") -> list[str]:
+    cmd = service.get(key) or []
+    return shlex.split(cmd) if isinstance(cmd, str) else [str(c) for c in cmd]
+
+
+def healthcheck_text(service: dict[str, Any]) -> str:
+    test = (service.get("healthcheck") or {}).get("test")
+    assert test, "no healthcheck"
+    return test if isinstance(test, str) else " ".join(test)
+
+
+def published_ports(service: dict[str, Any]) -> set[int]:
+    ports = set()
+    for entry in service.get("ports") or []:
+        if isinstance(entry, dict):
+            ports.add(int(entry["published"]))
+        else:
+            # "8080:8080", "127.0.0.1:8080:8080", "8080:8080/tcp"
+            parts = str(entry).split("/")[0].split(":")
+            ports.add(int(parts[-2] if len(parts) > 1 else parts[-1]))
+    return ports
+
+
+def dockerfile(name: str) -> str:
+    return (ROOT / "services" / name / "Dockerfile").read_text()
+
+
+def dockerfile_instructions(text: str) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) with line continuations joined and comments dropped."""
+    text = re.sub(r"\\\n", " ", text)
+    out = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            word, _, rest = line.partition(" ")
+            out.append((word.upper(), rest.strip()))
+    return out
+
+
+# --- compose: services and images -------------------------------------------------------
+
+
+def test_services_present(services: dict[str, Any]) -> None:
+    assert set(INFRA) | set(SERVICES) <= set(services)
+
+
+def test_shared_env_anchor(compose: dict[str, Any]) -> None:
+    assert re.search(r"^x-swarm-env:\s*&\S+", COMPOSE.read_text(), re.MULTILINE)
+    shared = compose["x-swarm-env"]
+    assert {
+        "SWARM_NATS_URL",
+        "SWARM_STORE_URL",
+        "SWARM_S3_ACCESS_KEY",
+        "SWARM_S3_SECRET_KEY",
+    } <= set(shared)
+
+
+def test_images_pinned(services: dict[str, Any]) -> None:
+    for name, service in services.items():
+        image = service.get("image")
+        if image is None:
+            assert "build" in service, f"{name}: neither image nor build"
+            continue
+        last = image.rsplit("/", 1)[-1]
+        assert ":" in last or "@sha256:" in image, f"{name}: {image} has no tag"
+        tag = last.split("@")[0].partition(":")[2]
+        assert tag and tag != "latest", f"{name}: {image} is not pinned"
+        if "build" not in service:
+            assert tag not in ("stable", "edge", "main", "master"), f"{name}: {image}"
+
+
+def test_bind_mounts_exist(services: dict[str, Any]) -> None:
+    for name, service in services.items():
+        for volume in service.get("volumes") or []:
+            source = volume["source"] if isinstance(volume, dict) else volume.split(":")[0]
+            if source.startswith((".", "/")):
+                assert (ROOT / source).exists(), f"{name}: {source} is missing"
+
+
+# --- compose: NATS and MinIO ----------------------------------------------------------------
+
+
+def test_nats_jetstream_monitoring_healthcheck(
+    services: dict[str, Any], compose: dict[str, Any]
+) -> None:
+    nats = services["nats"]
+    assert nats["image"].startswith("nats:")
+    cmd = command_of(nats)
+    assert "-js" in cmd or "--jetstream" in cmd
+    flag = next(f for f in ("-m", "--http_port") if f in cmd)
+    assert cmd[cmd.index(flag) + 1] == "8222"
+    store = next(f for f in ("-sd", "--store_dir") if f in cmd)
+    data_dir = cmd[cmd.index(store) + 1]
+    targets = [v.split(":")[1] for v in nats["volumes"] if isinstance(v, str)]
+    assert data_dir in targets, "JetStream's store dir must be on a volume"
+    named = [v.split(":")[0] for v in nats["volumes"] if not v.startswith((".", "/"))]
+    assert set(named) <= set(compose.get("volumes") or {})
+    check = healthcheck_text(nats)
+    assert "8222/healthz" in check and "js-enabled" in check
+    assert "wget" in check or "curl" in check
+
+    config_flag = next((f for f in ("-c", "--config") if f in cmd), None)
+    if config_flag:  # a mounted config file must turn JetStream and monitoring on too
+        target = cmd[cmd.index(config_flag) + 1]
+        mount = next(v for v in nats["volumes"] if isinstance(v, str) and f":{target}" in v)
+        conf = (ROOT / mount.split(":")[0]).read_text()
+        assert "jetstream" in conf and "8222" in conf
+
+
+def test_minio_and_bucket_init(services: dict[str, Any]) -> None:
+    minio = services["minio"]
+    assert minio["image"].startswith(("minio/minio:", "quay.io/minio/minio:"))
+    assert "server" in command_of(minio)
+    assert "--console-address" in command_of(minio)
+    assert minio.get("volumes")
+    check = healthcheck_text(minio)
+    assert "mc ready local" in check or "/minio/health/live" in check
+    assert 9001 in published_ports(minio)  # the console
+
+    init = services["minio-init"]
+    assert init["image"].startswith(("minio/mc:", "quay.io/minio/mc:"))
+    assert init["depends_on"]["minio"]["condition"] == "service_healthy"
+    script = " ".join(command_of(init, "entrypoint") + command_of(init))
+    assert "mc mb" in script and "/swarm" in script
+    assert "--ignore-existing" in script or "-p" in script.split(), "must be re-runnable"
+    assert init.get("restart", "no") == "no"
+
+
+# --- compose: the Swarm services ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", SERVICES)
+def test_service_build(services: dict[str, Any], name: str) -> None:
+    build = services[name]["build"]
+    assert isinstance(build, dict), "build needs a context (the repo root) and a dockerfile"
+    context = (ROOT / build.get("context", ".")).resolve()
+    assert context == ROOT, "the build context must be the repo root (for libs/common)"
+    path = context / build["dockerfile"]
+    assert path == ROOT / "services" / name / "Dockerfile"
+    assert path.is_file()
+
+
+@pytest.mark.parametrize("name", SERVICES)
+def test_service_env_wiring(services: dict[str, Any], name: str) -> None:
+    env = env_of(services[name])
+    nats = urlparse(env["SWARM_NATS_URL"])
+    assert nats.scheme == "nats" and nats.hostname == "nats" and nats.port == 4222
+    store = urlparse(env["SWARM_STORE_URL"])
+    assert store.scheme == "s3" and store.netloc == "swarm"
+    endpoint = urlparse(parse_qs(store.query)["endpoint"][0])
+    assert endpoint.hostname == "minio" and endpoint.port == 9000
+    assert env["SWARM_S3_ACCESS_KEY"] and env["SWARM_S3_SECRET_KEY"]
+    # The same credentials as the MinIO root user.
+    minio_env = env_of(services["minio"])
+    assert env["SWARM_S3_ACCESS_KEY"] == minio_env["MINIO_ROOT_USER"]
+    assert env["SWARM_S3_SECRET_KEY"] == minio_env["MINIO_ROOT_PASSWORD"]
+
+
+@pytest.mark.parametrize("name", SERVICES)
+def test_service_depends_on(services: dict[str, Any], name: str) -> None:
+    deps = services[name]["depends_on"]
+    assert deps["nats"]["condition"] == "service_healthy"
+    assert deps["minio"]["condition"] == "service_healthy"
+    assert deps["minio-init"]["condition"] == "service_completed_successfully"
+
+
+@pytest.mark.parametrize("name", sorted(HTTP_PORTS))
+def test_http_services_healthcheck_and_port(services: dict[str, Any], name: str) -> None:
+    service, port = services[name], HTTP_PORTS[name]
+    check = healthcheck_text(service)
+    assert f":{port}/healthz" in check
+    # The image has no curl/wget: the check must use what is there.
+    assert check.split()[0] in ("CMD", "CMD-SHELL") and ("python" in check)
+    assert port in published_ports(service)
+    env = env_of(service)
+    assert env[f"SWARM_{name.upper()}_HOST"] == "0.0.0.0", "must listen beyond loopback"
+    assert env.get(f"SWARM_{name.upper()}_PORT", str(port)) == str(port)
+
+
+# --- Dockerfiles ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", SERVICES)
+def test_dockerfile(name: str) -> None:
+    instructions = dockerfile_instructions(dockerfile(name))
+    froms = [args for word, args in instructions if word == "FROM"]
+    assert froms and froms[-1].split()[0].startswith("python:3.11-slim")
+
+    runs = [args for word, args in instructions if word == "RUN"]
+    install = next((r for r in runs if "./libs/common" in r and "pip install" in r), None)
+    assert install, "must pip install ./libs/common"
+    assert f"./services/{name}" in install
+    assert "--no-cache-dir" in install
+
+    copies = " ".join(args for word, args in instructions if word in ("COPY", "ADD"))
+    others = [o for o in SERVICES if o != name and f"services/{o}" in copies]
+    assert not others, f"{name}'s image copies other services: {others}"
+
+    users = [args for word, args in instructions if word == "USER"]
+    assert users and users[-1] not in ("root", "0"), "must run as a non-root user"
+
+    cmd = [args for word, args in instructions if word in ("CMD", "ENTRYPOINT")][-1]
+    assert re.sub(r"\s", "", cmd) == f'["python","-m","swarm_{name}"]'
+
+
+def test_trainer_dockerfile_installs_cpu_torch_first() -> None:
+    runs = [args for word, args in dockerfile_instructions(dockerfile("trainer")) if word == "RUN"]
+    torch_at = next(i for i, r in enumerate(runs) if "torch==2.13.0" in r)
+    assert "download.pytorch.org/whl/" in runs[torch_at] or "TORCH_INDEX_URL" in runs[torch_at]
+    text = dockerfile("trainer")
+    assert "download.pytorch.org/whl/cpu" in text
+    service_at = next(i for i, r in enumerate(runs) if "./services/trainer" in r)
+    assert torch_at < service_at
+
+
+@pytest.mark.parametrize("name", [s for s in SERVICES if s != "trainer"])
+def test_light_dockerfiles_do_not_install_torch(name: str) -> None:
+    assert "torch" not in dockerfile(name)
+
+
+def test_dockerignore() -> None:
+    lines = {
+        line.strip().rstrip("/")
+        for line in (ROOT / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    }
+    assert {".git", ".venv", ".swarm"} <= lines
+    assert "libs" not in lines and "services" not in lines
+
+
+# --- service packages -------------------------------------------------------------------
+
+
+def _requirement_names(pyproject: Path) -> list[str]:
+    project = tomllib.loads(pyproject.read_text()).get("project", {})
+    reqs = list(project.get("dependencies", []))
+    for extra in project.get("optional-dependencies", {}).values():
+        reqs.extend(extra)
+    names = []
+    for req in reqs:
+        match = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", req)
+        assert match, f"{pyproject}: cannot parse {req!r}"
+        names.append(re.sub(r"[-_.]+", "-", match.group(1)).lower())
+    return names
+
+
+@pytest.mark.parametrize("name", SERVICES)
+def test_service_pyproject_exists(name: str) -> None:
+    path = ROOT / "services" / name / "pyproject.toml"
+    assert path.is_file(), f"{path.relative_to(ROOT)} is missing"
+    project = tomllib.loads(path.read_text())["project"]
+    assert project["name"] == f"swarm-{name}"
+    assert "swarm-common" in _requirement_names(path)
+    assert (ROOT / "services" / name / f"swarm_{name}" / "__main__.py").is_file()
+
+
+@pytest.mark.parametrize("name", [*SERVICES, "libs/common", "sdk"])
+def test_only_trainer_depends_on_heavy_ml(name: str) -> None:
+    base = ROOT / (name if "/" in name or name == "sdk" else f"services/{name}")
+    path = base / "pyproject.toml"
+    if not path.is_file():
+        pytest.skip(f"{path.relative_to(ROOT)} does not exist yet")
+    names = _requirement_names(path)
+    heavy = [n for n in names if n in HEAVY]
+    if name == "trainer":
+        assert set(HEAVY) <= set(names), f"the trainer should declare {HEAVY}: {names}"
+    else:
+        assert not heavy, f"{name} must stay light but depends on {heavy}"
+
+
+# --- imports ------------------------------------------------------------------------------
+
+
+def _imported_modules(package_dir: Path) -> dict[str, set[str]]:
+    """Top-level modules imported by each .py file below package_dir."""
+    found: dict[str, set[str]] = {}
+    for path in sorted(package_dir.rglob("*.py")):
+        if any(part.endswith(".egg-info") or part in ("build", ".venv") for part in path.parts):
+            continue
+        tree = ast.parse(path.read_text(), filename=str(path))
+        mods: set[str] = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                mods.update(alias.name.split(".")[0] for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                mods.add(node.module.split(".")[0])
+            elif (
+                isinstance(node, ast.Call)
+                and getattr(node.func, "attr", getattr(node.func, "id", None))
+                in ("import_module", "__import__")
+                and node.args
+                and isinstance(node.args[0], ast.Constant)
+                and isinstance(node.args[0].value, str)
+            ):
+                mods.add(node.args[0].value.split(".")[0])
+        found[str(path.relative_to(ROOT))] = mods
+    return found
+
+
+@pytest.mark.parametrize("name", SERVICES)
+def test_services_do_not_import_each_other(name: str) -> None:
+    service_dir = ROOT / "services" / name
+    if not service_dir.is_dir():
+        pytest.skip(f"services/{name} does not exist yet")
+    forbidden = {f"swarm_{other}" for other in SERVICES if other != name}
+    bad = {
+        path: sorted(mods & forbidden)
+        for path, mods in _imported_modules(service_dir).items()
+        if mods & forbidden
+    }
+    assert not bad, f"services talk over NATS only, never by import: {bad}"
+
+
+def test_common_imports_no_service_and_no_heavy_ml() -> None:
+    forbidden = {f"swarm_{s}" for s in SERVICES} | set(HEAVY)
+    bad = {
+        path: sorted(mods & forbidden)
+        for path, mods in _imported_modules(ROOT / "libs" / "common").items()
+        if mods & forbidden
+    }
+    assert not bad, bad
+
+
+@pytest.mark.parametrize("name", [s for s in SERVICES if s != "trainer"])
+def test_light_services_import_no_heavy_ml(name: str) -> None:
+    service_dir = ROOT / "services" / name
+    if not service_dir.is_dir():
+        pytest.skip(f"services/{name} does not exist yet")
+    bad = {
+        path: sorted(mods & set(HEAVY))
+        for path, mods in _imported_modules(service_dir).items()
+        if mods & set(HEAVY)
+    }
+    assert not bad, f"only swarm_trainer may import {HEAVY}: {bad}"
+
+
+# --- compose: the observability profile ---------------------------------------------------
+
+OBSERVABILITY = ("otel-collector", "prometheus", "jaeger")
+DEPLOY = ROOT / "deploy"
+
+
+def load_yaml(path: Path) -> dict[str, Any]:
+    data = yaml.safe_load(path.read_text())
+    assert isinstance(data, dict), f"{path.relative_to(ROOT)} is not a YAML mapping"
+    return data
+
+
+def container_ports(service: dict[str, Any]) -> set[int]:
+    """Ports a container listens on as far as compose says: published targets and expose."""
+    ports = {int(str(p).split("/")[0]) for p in service.get("expose") or []}
+    for entry in service.get("ports") or []:
+        if isinstance(entry, dict):
+            ports.add(int(entry["target"]))
+        else:
+            ports.add(int(str(entry).split("/")[0].split(":")[-1]))
+    return ports
+
+
+def mounted_config(service: dict[str, Any], target_dir: str) -> Path:
+    """The repo file a service mounts under ``target_dir`` (its config)."""
+    for volume in service.get("volumes") or []:
+        source, _, rest = str(volume).partition(":")
+        if source.startswith("./") and rest.startswith(target_dir):
+            return ROOT / source
+    raise AssertionError(f"no ./deploy file mounted under {target_dir}")
+
+
+@pytest.mark.parametrize("name", OBSERVABILITY)
+def test_observability_services_are_optional(services: dict[str, Any], name: str) -> None:
+    # Only in the profile: a plain `docker compose up` must not start (or pull) them.
+    assert services[name].get("profiles") == ["observability"]
+
+
+def test_core_services_are_not_in_a_profile(services: dict[str, Any]) -> None:
+    for name in (*INFRA, *SERVICES):
+        assert not services[name].get("profiles"), f"{name} must start without a profile"
+        deps = services[name].get("depends_on") or {}
+        # Depending on a profile-only service breaks `docker compose up` without the profile.
+        assert not set(deps) & set(OBSERVABILITY), f"{name} depends on {set(deps)}"
+
+
+def test_observability_images(services: dict[str, Any]) -> None:
+    # Pinned like the rest (test_images_pinned checks "not latest" for every service).
+    assert services["otel-collector"]["image"].startswith("otel/opentelemetry-collector-contrib:")
+    assert services["prometheus"]["image"].startswith("prom/prometheus:v")
+    assert services["jaeger"]["image"].startswith("jaegertracing/all-in-one:1.")
+    for name in OBSERVABILITY:
+        tag = services[name]["image"].rsplit(":", 1)[1]
+        assert re.fullmatch(r"v?\d+\.\d+\.\d+", tag), f"{name}: {tag} is not an exact version"
+
+
+def test_observability_config_files_parse() -> None:
+    for name in ("otel-collector.yaml", "prometheus.yml"):
+        assert (DEPLOY / name).is_file(), f"deploy/{name} is missing"
+        load_yaml(DEPLOY / name)
+
+
+def test_collector_wiring(services: dict[str, Any]) -> None:
+    service = services["otel-collector"]
+    config_path = mounted_config(service, "/etc/otelcol-contrib/")
+    assert config_path == DEPLOY / "otel-collector.yaml"
+    target = next(v for v in service["volumes"] if str(v).startswith("./deploy/otel"))
+    target = target.split(":")[1]
+    assert any(target in arg for arg in command_of(service)), "the command must load the file"
+    config = load_yaml(config_path)
+
+    # OTLP in, on all interfaces (the collector's default is localhost only since v0.104).
+    protocols = config["receivers"]["otlp"]["protocols"]
+    assert protocols["grpc"]["endpoint"] == "0.0.0.0:4317"
+    assert protocols["http"]["endpoint"] == "0.0.0.0:4318"
+    assert {4317, 4318} <= container_ports(service)
+
+    pipelines = config["service"]["pipelines"]
+    declared = {kind: set(config.get(kind) or {}) for kind in ("receivers", "processors")}
+    declared["exporters"] = set(config["exporters"])
+    for pipeline in pipelines.values():
+        for kind, names in declared.items():
+            assert set(pipeline.get(kind) or []) <= names, f"undeclared {kind} in {pipeline}"
+        assert "otlp" in pipeline["receivers"]
+    assert set(config["service"].get("extensions") or []) <= set(config.get("extensions") or {})
+
+    # Traces go to Jaeger's OTLP port, inside the compose network.
+    trace_exporters = pipelines["traces"]["exporters"]
+    to_jaeger = [
+        config["exporters"][e] for e in trace_exporters if e.split("/")[0] in ("otlp", "otlphttp")
+    ]
+    assert to_jaeger, f"traces are not exported over OTLP: {trace_exporters}"
+    endpoint = to_jaeger[0]["endpoint"]
+    host, _, port = endpoint.removeprefix("http://").partition(":")
+    assert host == "jaeger" and int(port) in container_ports(services["jaeger"])
+    assert int(port) == 4317 and to_jaeger[0].get("tls", {}).get("insecure") is True
+    assert env_of(services["jaeger"]).get("COLLECTOR_OTLP_ENABLED") == "true"
+    assert 16686 in published_ports(services["jaeger"])  # the UI
+
+    # Metrics are re-exposed for Prometheus on a port the compose file declares.
+    assert "prometheus" in pipelines["metrics"]["exporters"]
+    prom_port = int(config["exporters"]["prometheus"]["endpoint"].rsplit(":", 1)[1])
+    assert prom_port in container_ports(service)
+
+
+def _scrape_targets(config: dict[str, Any]) -> dict[str, list[str]]:
+    return {
+        job["job_name"]: [t for sc in job.get("static_configs", []) for t in sc["targets"]]
+        for job in config["scrape_configs"]
+    }
+
+
+def test_prometheus_scrapes_real_services(services: dict[str, Any]) -> None:
+    service = services["prometheus"]
+    config_path = mounted_config(service, "/etc/prometheus/")
+    assert config_path == DEPLOY / "prometheus.yml"
+    assert "--config.file=/etc/prometheus/prometheus.yml" in command_of(service)
+    assert 9090 in published_ports(service)
+    targets = _scrape_targets(load_yaml(config_path))
+    assert targets, "no scrape jobs"
+
+    scraped: set[str] = set()
+    for job, hosts in targets.items():
+        assert hosts, f"{job} has no targets"
+        for target in hosts:
+            host, _, port = target.partition(":")
+            if host == "localhost":  # Prometheus itself
+                assert int(port) == 9090
+                continue
+            assert host in services, f"{job}: {host} is not a compose service"
+            ports = container_ports(services[host]) | (
+                {HTTP_PORTS[host]} if host in HTTP_PORTS else set()
+            )
+            assert int(port) in ports, f"{job}: {host} does not listen on {port}"
+            scraped.add(host)
+    # Every service with /metrics is scraped, and the OTLP metrics the collector re-exposes.
+    assert set(HTTP_PORTS) | {"otel-collector"} <= scraped
+
+
+@pytest.mark.parametrize("name", SERVICES)
+def test_services_point_otlp_at_the_collector(services: dict[str, Any], name: str) -> None:
+    env = env_of(services[name])
+    endpoint = urlparse(env["SWARM_OTEL_ENDPOINT"].split(":-", 1)[-1].rstrip("}"))
+    assert (endpoint.scheme, endpoint.hostname, endpoint.port) == ("http", "otel-collector", 4318)
+    # Switchable to otlp (SWARM_OTEL_EXPORTER=otlp), and a valid Settings value either way.
+    exporter = env["SWARM_OTEL_EXPORTER"]
+    match = re.fullmatch(r"\$\{SWARM_OTEL_EXPORTER:-(\w+)\}", exporter)
+    assert match or exporter == "otlp", exporter
+    assert (match.group(1) if match else exporter) in ("none", "console", "otlp")

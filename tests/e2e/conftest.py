@@ -1,0 +1,83 @@
+"""The whole stack as real processes: the five services on the session's nats-server."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from swarm.client import Client
+from swarm.demo_data import write_demo_datasets
+from swarm.local_stack import LocalStack
+from swarm_common.datasets import DatasetInfo
+from swarm_common.registry import ModelVersion
+from swarm_common.settings import Settings
+from swarm_trainer.tiny_model import create_tiny_model
+
+from ..conftest import NatsServer, free_port
+
+
+@dataclass
+class Stack:
+    local: LocalStack
+    client: Client
+    namespace: str
+    model_dir: Path
+    model: ModelVersion
+    train: DatasetInfo
+    validation: DatasetInfo
+
+
+@pytest.fixture(scope="session")
+def stack(nats_server: NatsServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    root = tmp_path_factory.mktemp("stack")
+    namespace = "e2e" + uuid.uuid4().hex[:8]
+    settings = Settings(
+        nats_url=nats_server.url, gateway_port=free_port(), telemetry_port=free_port()
+    )
+    local = LocalStack(
+        root,
+        settings=settings,
+        console=Console(stderr=True, quiet=True),
+        extra_env={
+            "SWARM_NAMESPACE": namespace,
+            "SWARM_TRAINER_CPUS": "2",
+            "SWARM_WORKER_ID": "e2e-worker",
+        },
+    )
+    with local:
+        client = Client(base_url=local.gateway_url)
+        model_dir = create_tiny_model(root / "tiny-llama")
+        model = client.add_model("tiny-llama", model_dir)
+        train_path, val_path = write_demo_datasets(root / "data", n_train=96, n_val=16)
+        yield Stack(
+            local=local,
+            client=client,
+            namespace=namespace,
+            model_dir=model_dir,
+            model=model,
+            train=client.upload_dataset(train_path),
+            validation=client.upload_dataset(val_path),
+        )
+        client.close()
+
+
+@pytest.fixture(autouse=True)
+def _show_service_logs_on_failure(request: pytest.FixtureRequest, stack: Stack) -> Iterator[None]:
+    yield
+    report = getattr(request.node, "rep_call", None)
+    if report is not None and report.failed:
+        for log in sorted(stack.local.logs_dir.glob("*.log")):
+            print(f"--- {log.name} (last 40 lines)")
+            print("\n".join(log.read_text(errors="replace").splitlines()[-40:]))
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
+    report = yield
+    setattr(item, f"rep_{report.when}", report)
+    return report

@@ -1,0 +1,117 @@
+"""One LoRA job end to end: HTTP in, five real services, a registered adapter out."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from peft import PeftModel
+from transformers import AutoModelForCausalLM
+
+from swarm_common.jobs import JobState
+from swarm_common.store import LocalStore
+
+from .conftest import Stack
+
+pytestmark = pytest.mark.slow
+
+MAX_STEPS = 12
+
+
+def spec(stack: Stack, **overrides: object) -> dict:
+    return {
+        "name": "e2e-adapter",
+        "base_model": "tiny-llama",
+        "dataset": stack.train.id,
+        "validation": stack.validation.id,
+        "lora": {"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]},
+        "training": {
+            "max_steps": MAX_STEPS,
+            "batch_size": 4,
+            "lr": 3e-3,
+            "warmup_steps": 2,
+            "seq_len": 64,
+            "eval_every": 6,
+            "checkpoint_every": 6,
+        },
+    } | overrides
+
+
+def test_a_job_trains_and_registers_an_adapter_with_its_lineage(stack: Stack, tmp_path) -> None:
+    client = stack.client
+    first = client.submit(spec(stack), idempotency_key="e2e-main")
+    again = client.submit(spec(stack), idempotency_key="e2e-main")
+    assert again.job_id == first.job_id
+    assert [j.job_id for j in client.list_jobs(name="e2e-adapter")[0]] == [first.job_id]
+
+    record = client.wait(first.job_id, timeout=420)
+    assert record.state == JobState.succeeded, record.reason
+    assert record.attempt == 1 and record.worker_id == "e2e-worker"
+    assert record.adapter is not None and record.adapter.version == 1
+
+    # The registry's version, lineage and digests match what is in the store.
+    adapter = client.get_adapter("e2e-adapter", 1)
+    assert adapter.store_key == record.adapter.store_key == "adapters/default/e2e-adapter/1"
+    lineage = adapter.lineage
+    assert (lineage.job_id, lineage.attempt, lineage.tenant) == (first.job_id, 1, "default")
+    assert (lineage.base_model, lineage.base_model_version) == ("tiny-llama", stack.model.version)
+    assert lineage.base_model_digest == stack.model.digest
+    assert lineage.dataset == stack.train.id and lineage.dataset_digest == stack.train.sha256
+    assert lineage.validation_dataset == stack.validation.id
+    assert lineage.lora.r == 4 and lineage.training.max_steps == MAX_STEPS
+    assert lineage.worker_id == "e2e-worker"
+    assert {"adapter_config.json", "adapter_model.safetensors"} <= set(adapter.files)
+    assert not any(name.endswith((".bin", ".pt", ".pkl")) for name in adapter.files)
+    store = LocalStore(stack.local.store_dir)
+    for name, sha in adapter.files.items():
+        assert store.sha256(f"{adapter.store_key}/{name}") == sha
+
+    # The adapter loads onto the base model with PEFT and changes what the model says.
+    adapter_dir = tmp_path / "adapter"
+    store.download_dir(adapter.store_key, adapter_dir)
+    base = AutoModelForCausalLM.from_pretrained(stack.model_dir, use_safetensors=True)
+    tuned = PeftModel.from_pretrained(base, adapter_dir)
+    tuned.eval()
+    ids = torch.arange(1, 17).unsqueeze(0)
+    with torch.no_grad():
+        with tuned.disable_adapter():
+            base_logits = tuned(input_ids=ids).logits
+        tuned_logits = tuned(input_ids=ids).logits
+    assert not torch.allclose(base_logits, tuned_logits, atol=1e-4)
+
+    # A merged export (made by a trainer agent) answers exactly like base + adapter.
+    export = client.export_adapter("e2e-adapter", 1)
+    assert export.store_key == "exports/default/e2e-adapter/1"
+    assert (export.adapter, export.base_model) == (
+        "e2e-adapter@1",
+        f"tiny-llama@{stack.model.version}",
+    )
+    for name, sha in export.files.items():
+        assert store.sha256(f"{export.store_key}/{name}") == sha
+    store.download_dir(export.store_key, tmp_path / "merged")
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged", use_safetensors=True)
+    with torch.no_grad():
+        assert torch.allclose(merged(input_ids=ids).logits, tuned_logits, atol=1e-4)
+
+    # Every step of the way was an event, in order.
+    names = [e.event for e in client.events(first.job_id)]
+    assert names[:3] == ["queued", "assigned", "started"]
+    assert names[-1] == "succeeded"
+    assert names.count("progress") == MAX_STEPS
+    assert names.count("checkpoint") >= MAX_STEPS // 6
+    assert names.count("validated") >= 2
+
+    # Telemetry kept the loss curve.
+    metrics = client.metrics(first.job_id)
+    assert [p.step for p in metrics.train] == list(range(1, MAX_STEPS + 1))
+    assert metrics.eval and metrics.eval[-1].step == MAX_STEPS
+    assert record.metrics["eval_loss"] == pytest.approx(metrics.eval[-1].eval_loss)
+
+
+def test_an_unknown_base_model_fails_the_job_with_a_reason(stack: Stack) -> None:
+    record = stack.client.submit(spec(stack, base_model="no-such-model"), idempotency_key="e2e-bad")
+    record = stack.client.wait(record.job_id, timeout=60)
+    assert record.state == JobState.failed
+    assert "no-such-model" in (record.reason or "")
+    events = list(stack.client.events(record.job_id))
+    assert [e.event for e in events] == ["queued", "failed"]
+    assert "no-such-model" in events[-1].payload["reason"]

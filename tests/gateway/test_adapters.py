@@ -1,0 +1,140 @@
+"""``/v1/adapters`` against the real registry app: tenant scope, aliases, lineage, deletion,
+and downloads that verify every byte before sending any."""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import nats
+import pytest
+
+from swarm_common.settings import Settings
+from swarm_common.store import ObjectStore, open_store
+from swarm_common.subjects import Subjects
+from swarm_gateway import create_app
+from swarm_registry import build_app
+
+from ..registry.conftest import safetensors_bytes
+from ..registry.test_adapters import lineage, upload_output
+
+ALICE = {"Authorization": "Bearer ka"}
+BOB = {"Authorization": "Bearer kb"}
+
+
+class Files:
+    def safetensors(self, shapes: dict[str, list[int]]) -> bytes:
+        return safetensors_bytes(shapes)
+
+
+@pytest.fixture
+async def gateway(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
+    registry = build_app(settings)
+    await registry.start()
+    app = create_app(settings.model_copy(update={"api_keys": "ka=alice,kb=bob"}))
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as c,
+    ):
+        yield c
+    await registry.stop()
+
+
+async def add(settings: Settings, job: str, tenant: str = "alice", **kw: Any) -> None:
+    """Register through the registry's own NATS API, as the trainer does."""
+    store = open_store(settings)
+    key = upload_output(store, job, Files())
+    nc = await nats.connect(settings.nats_url)
+    body = {"name": "bot", "store_key": key, "lineage": lineage(job, tenant=tenant, **kw)}
+    msg = await nc.request(
+        Subjects(settings.namespace).registry("adapters.register"),
+        json.dumps(body).encode(),
+        timeout=10,
+    )
+    await nc.close()
+    assert json.loads(msg.data)["ok"], msg.data
+
+
+async def test_tenant_scope_aliases_lineage_and_delete(
+    gateway: httpx.AsyncClient, settings: Settings
+) -> None:
+    await add(settings, "job-1")
+    await add(settings, "job-2", parent="bot@1", base_model="big")
+    await add(settings, "job-3", tenant="bob")
+
+    listed = await gateway.get("/v1/adapters", headers=ALICE)
+    assert [a["version"] for a in listed.json()["data"]] == [1, 2]
+    by_model = await gateway.get("/v1/adapters?base_model=big", headers=ALICE)
+    assert [a["version"] for a in by_model.json()["data"]] == [2]
+    assert (await gateway.get("/v1/adapters/bot", headers=ALICE)).json()["version"] == 2
+    assert (await gateway.get("/v1/adapters/bot", headers=BOB)).json()["version"] == 3
+    for path in ("/v1/adapters/bot/versions/3", "/v1/adapters/bot/versions/3/lineage"):
+        assert (await gateway.get(path, headers=ALICE)).status_code == 404
+
+    put = await gateway.put(
+        "/v1/adapters/bot/aliases/production", json={"version": 1}, headers=ALICE
+    )
+    assert put.status_code == 200, put.text
+    assert put.json()["tenant"] == "alice" and put.json()["version"] == 1
+    alias = await gateway.get("/v1/adapters/bot/aliases/production", headers=ALICE)
+    assert alias.json()["version"] == 1
+    assert (
+        await gateway.get("/v1/adapters/bot/aliases/production", headers=BOB)
+    ).status_code == 404
+    hijack = await gateway.put(
+        "/v1/adapters/bot/aliases/production", json={"version": 1}, headers=BOB
+    )
+    assert hijack.status_code == 404
+    bad = await gateway.put("/v1/adapters/bot/aliases/production", json={"v": 1}, headers=ALICE)
+    assert bad.status_code == 422
+
+    graph = (await gateway.get("/v1/adapters/bot/versions/2/lineage", headers=ALICE)).json()
+    assert [n["ref"] for n in graph["adapters"]] == ["bot@2", "bot@1"]
+
+    held = await gateway.delete("/v1/adapters/bot/versions/1", headers=ALICE)
+    assert held.status_code == 409 and "production" in held.json()["detail"]
+    assert (await gateway.delete("/v1/adapters/bot/versions/3", headers=ALICE)).status_code == 404
+    gone = await gateway.delete("/v1/adapters/bot/versions/2", headers=ALICE)
+    assert gone.status_code == 200 and gone.json()["version"] == 2
+    assert (await gateway.get("/v1/adapters/bot/versions/2", headers=ALICE)).status_code == 404
+
+    rule = await gateway.put(
+        "/v1/adapters/bot/rules/candidate", json={"metric": "eval_loss"}, headers=ALICE
+    )
+    assert rule.status_code == 200 and rule.json()["tenant"] == "alice"
+    await add(settings, "job-4", metrics={"eval_loss": 0.5})
+    candidate = await gateway.get("/v1/adapters/bot/aliases/candidate", headers=ALICE)
+    assert candidate.json()["version"] == 4
+
+
+async def test_download_verifies_and_never_serves_a_corrupted_file(
+    gateway: httpx.AsyncClient, settings: Settings
+) -> None:
+    await add(settings, "job-1")
+    store: ObjectStore = open_store(settings)
+    resp = await gateway.get("/v1/adapters/bot/versions/1/download", headers=ALICE)
+    assert resp.status_code == 200, resp.text
+    assert resp.headers["content-type"] == "application/x-tar"
+    with tarfile.open(fileobj=io.BytesIO(resp.content)) as tar:
+        names = sorted(tar.getnames())
+        served = {n: tar.extractfile(n).read() for n in names}  # type: ignore[union-attr]
+    assert names == ["adapter_config.json", "adapter_model.safetensors"]
+    for name, data in served.items():
+        assert data == store.get_bytes(f"adapters/alice/bot/1/{name}")
+    assert (
+        await gateway.get("/v1/adapters/bot/versions/1/download", headers=BOB)
+    ).status_code == 404
+
+    weights = "adapters/alice/bot/1/adapter_model.safetensors"
+    data = bytearray(store.get_bytes(weights))
+    data[-1] ^= 0x01
+    store.put_bytes(weights, bytes(data))
+    bad = await gateway.get("/v1/adapters/bot/versions/1/download", headers=ALICE)
+    assert bad.status_code == 502
+    assert "adapter_model.safetensors" in bad.json()["detail"]
+    assert "corrupted" in bad.json()["detail"]
+    assert bytes(data) not in bad.content

@@ -1,0 +1,158 @@
+"""Adapter registration: versions, idempotency per job, copies, announcements, tenant filters."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import nats
+
+from swarm_common.jobs import LoraSpec, TrainingSpec
+from swarm_common.registry import Lineage
+from swarm_common.settings import Settings
+from swarm_common.store import ObjectStore
+from swarm_common.subjects import Subjects
+from swarm_registry import build_app
+
+# Fixtures come from conftest.py: ``client`` (a RegistryClient), ``model_files`` (ModelFiles).
+
+
+def lineage(job_id: str, tenant: str = "acme", attempt: int = 1, **extra: Any) -> dict[str, Any]:
+    fields: dict[str, Any] = {
+        "base_model": "tiny",
+        "base_model_version": 1,
+        "base_model_digest": "0" * 64,
+        "dataset": "ds-" + "a" * 24,
+        "dataset_digest": "b" * 64,
+        "lora": LoraSpec(),
+        "training": TrainingSpec(max_steps=10),
+        "metrics": {"eval_loss": 1.5},
+    }
+    fields.update(extra)
+    return Lineage(tenant=tenant, job_id=job_id, attempt=attempt, **fields).model_dump(mode="json")
+
+
+def upload_output(store: ObjectStore, job_id: str, model_files: Any, seed: int = 1) -> str:
+    prefix = f"outputs/{job_id}/1/adapter"
+    store.put_bytes(f"{prefix}/adapter_config.json", json.dumps({"r": 8, "seed": seed}).encode())
+    store.put_bytes(
+        f"{prefix}/adapter_model.safetensors", model_files.safetensors({"lora_A": [seed, 4]})
+    )
+    return prefix
+
+
+async def register(client: Any, name: str, store_key: str, job_id: str, **kw: Any) -> dict:
+    return await client.call(
+        "adapters.register",
+        {"name": name, "store_key": store_key, "lineage": lineage(job_id, **kw)},
+    )
+
+
+async def test_versions_per_job_copies_and_announcement(
+    client: Any, store: ObjectStore, model_files: Any, settings: Settings
+) -> None:
+    subjects = Subjects(settings.namespace)
+    nc = await nats.connect(settings.nats_url)
+    announcements = await nc.jetstream().subscribe(
+        subjects.adapter_registered("*"), stream=subjects.adapters_stream, ordered_consumer=True
+    )
+
+    first = await register(client, "bot", upload_output(store, "job-1", model_files), "job-1")
+    assert first["ok"], first
+    v1 = first["result"]
+    assert (v1["version"], v1["tenant"], v1["store_key"]) == (1, "acme", "adapters/acme/bot/1")
+    assert v1["lineage"]["job_id"] == "job-1"
+    assert set(v1["files"]) == {"adapter_config.json", "adapter_model.safetensors"}
+    for name, digest in v1["files"].items():
+        assert store.sha256(f"adapters/acme/bot/1/{name}") == digest
+        assert store.sha256(f"outputs/job-1/1/adapter/{name}") == digest
+
+    # A retry of the same job (even from another output prefix) is the same version.
+    retry_key = upload_output(store, "job-1-retry", model_files, seed=3)
+    retry = await register(client, "bot", retry_key, "job-1")
+    assert retry["result"] == v1
+
+    second = await register(client, "bot", upload_output(store, "job-2", model_files, 2), "job-2")
+    assert second["result"]["version"] == 2
+    assert store.list("adapters/acme/bot/2/") == [
+        "adapters/acme/bot/2/adapter_config.json",
+        "adapters/acme/bot/2/adapter_model.safetensors",
+    ]
+
+    events = [json.loads((await announcements.next_msg(timeout=5)).data) for _ in range(2)]
+    assert [e["type"] for e in events] == ["swarm.adapter.registered"] * 2
+    assert [e["source"] for e in events] == ["swarm/registry"] * 2
+    assert [e["subject"] for e in events] == ["bot", "bot"]
+    assert [e["data"]["version"] for e in events] == [1, 2]
+    assert events[0]["data"]["files"] == v1["files"]
+    # The retry announced nothing new.
+    info = await nc.jetstream().stream_info(subjects.adapters_stream)
+    assert info.state.messages == 2
+    await nc.close()
+
+
+async def test_racing_registrations_get_distinct_versions(
+    client: Any, store: ObjectStore, model_files: Any, settings: Settings
+) -> None:
+    # A second registry instance in the same queue group: the race is across processes too.
+    other = build_app(settings)
+    await other.start()
+    try:
+        jobs = [f"job-r{i}" for i in range(6)]
+        keys = {job: upload_output(store, job, model_files, i + 1) for i, job in enumerate(jobs)}
+        replies = await asyncio.gather(
+            *(register(client, "racer", keys[job], job) for job in jobs),
+            # The same job twice at once must still come out as one version.
+            register(client, "racer", keys["job-r0"], "job-r0"),
+        )
+    finally:
+        await other.stop()
+    assert all(r["ok"] for r in replies), replies
+    by_job = {r["result"]["lineage"]["job_id"]: r["result"]["version"] for r in replies[:6]}
+    assert len(set(by_job.values())) == 6
+    assert replies[6]["result"]["version"] == by_job["job-r0"]
+    listed = await client.call("adapters.list", {"name": "racer"})
+    assert sorted(a["version"] for a in listed["result"]) == sorted(by_job.values())
+
+
+async def test_get_and_list_filter_by_tenant(
+    client: Any, store: ObjectStore, model_files: Any
+) -> None:
+    key = upload_output(store, "job-t", model_files)
+    await register(client, "shared", key, "job-a1", tenant="alpha")
+    await register(client, "shared", key, "job-b1", tenant="beta")
+    await register(client, "solo", key, "job-a2", tenant="alpha")
+
+    got = await client.call("adapters.get", {"name": "shared", "version": 1, "tenant": "alpha"})
+    assert got["result"]["tenant"] == "alpha"
+    hidden = await client.call("adapters.get", {"name": "shared", "version": 1, "tenant": "beta"})
+    assert not hidden["ok"] and "unknown adapter 'shared'" in hidden["error"]
+    # Latest for a tenant skips another tenant's newer version.
+    latest_alpha = await client.call("adapters.get", {"name": "shared", "tenant": "alpha"})
+    assert latest_alpha["result"]["version"] == 1
+    latest_any = await client.call("adapters.get", {"name": "shared"})
+    assert latest_any["result"]["version"] == 2
+    assert latest_any["result"]["store_key"] == "adapters/beta/shared/2"
+
+    alpha = await client.call("adapters.list", {"tenant": "alpha"})
+    assert [(a["name"], a["version"]) for a in alpha["result"]] == [("shared", 1), ("solo", 1)]
+    everyone = await client.call("adapters.list", {})
+    assert len(everyone["result"]) == 3
+    shared_beta = await client.call("adapters.list", {"name": "shared", "tenant": "beta"})
+    assert [a["version"] for a in shared_beta["result"]] == [2]
+
+    missing = await client.call("adapters.get", {"name": "nope"})
+    assert missing["error"] == "unknown adapter 'nope'"
+
+
+async def test_rejects_bad_adapter_input(client: Any, store: ObjectStore) -> None:
+    store.put_bytes("outputs/p/adapter_model.bin", b"\x80\x04")
+    reply = await register(client, "bot", "outputs/p", "job-p")
+    assert not reply["ok"] and "adapter_model.bin" in reply["error"]
+    reply = await register(client, "bot", "outputs/empty", "job-e")
+    assert not reply["ok"] and "no files" in reply["error"]
+    reply = await register(client, "Bot!", "outputs/p", "job-x")
+    assert not reply["ok"] and "invalid adapter name" in reply["error"]
+    reply = await register(client, "bot", "outputs/p", "job.1")
+    assert not reply["ok"] and "invalid job id" in reply["error"]

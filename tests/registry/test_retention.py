@@ -1,0 +1,95 @@
+"""Deleting versions, and garbage collection of unreferenced store objects."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from swarm_common.jobs import JobState
+from swarm_common.settings import Settings
+from swarm_common.store import ObjectStore
+
+from .test_adapters import register, upload_output
+from .test_fencing import put_job
+
+
+async def test_delete_is_refused_while_an_alias_holds_the_version(
+    client: Any, store: ObjectStore, model_files: Any
+) -> None:
+    for job in ("job-1", "job-2"):
+        assert (await register(client, "bot", upload_output(store, job, model_files), job))["ok"]
+    await client.call("adapters.alias.set", {"name": "bot", "alias": "production", "version": 1})
+
+    refused = await client.call("adapters.delete", {"name": "bot", "version": 1})
+    assert not refused["ok"] and "alias 'production'" in refused["error"]
+    assert store.list("adapters/acme/bot/1/")
+
+    other_tenant = await client.call(
+        "adapters.delete", {"name": "bot", "version": 2, "tenant": "z"}
+    )
+    assert other_tenant["error"] == "unknown adapter 'bot' version 2"
+
+    deleted = await client.call("adapters.delete", {"name": "bot", "version": 2, "tenant": "acme"})
+    assert deleted["ok"] and deleted["result"]["version"] == 2
+    assert store.list("adapters/acme/bot/2/") == []
+    gone = await client.call("adapters.get", {"name": "bot", "version": 2})
+    assert gone["error"] == "unknown adapter 'bot' version 2"
+    # A late retry of the deleted version's job does not bring it back.
+    retry = await register(client, "bot", "outputs/job-2/1/adapter", "job-2")
+    assert not retry["ok"] and "was deleted" in retry["error"]
+    # Move the alias away, then v1 can go too.
+    assert (await register(client, "bot", upload_output(store, "job-3", model_files), "job-3"))[
+        "ok"
+    ]
+    await client.call("adapters.alias.set", {"name": "bot", "alias": "production", "version": 3})
+    assert (await client.call("adapters.delete", {"name": "bot", "version": 1}))["ok"]
+
+
+async def test_gc_removes_only_unreferenced_objects(
+    client: Any, store: ObjectStore, model_files: Any, settings: Settings
+) -> None:
+    # A registered model and a re-upload of the same files (no new version: unreferenced).
+    model_files.upload("models/tiny/a")
+    model_files.upload("models/tiny/b")
+    for key in ("models/tiny/a", "models/tiny/b"):
+        assert (await client.call("models.register", {"name": "tiny", "store_key": key}))["ok"]
+    # One finished job with outputs and checkpoints, one still running.
+    for job, state in (("job-done", JobState.succeeded), ("job-live", JobState.running)):
+        await put_job(settings, job, attempt=1, state=state)
+        upload_output(store, job, model_files)
+        store.put_bytes(f"checkpoints/{job}/checkpoint_00000010/adapter_model.safetensors", b"c")
+    assert (await register(client, "bot", "outputs/job-done/1/adapter", "job-done"))["ok"]
+    # Adapter files no record refers to (a version deleted by hand from the KV, say).
+    store.put_bytes("adapters/acme/bot/7/adapter_config.json", b"{}")
+
+    spared = await client.call("gc.run", {})  # default min_age_s: everything here is young
+    assert spared["result"]["adapters"] == [] and spared["result"]["models"] == []
+    # Finished jobs' outputs and checkpoints do not wait for an age; running ones stay.
+    assert spared["result"]["outputs"] == [
+        "outputs/job-done/1/adapter/adapter_config.json",
+        "outputs/job-done/1/adapter/adapter_model.safetensors",
+    ]
+    assert spared["result"]["checkpoints"] == [
+        "checkpoints/job-done/checkpoint_00000010/adapter_model.safetensors"
+    ]
+
+    dry = await client.call("gc.run", {"dry_run": True, "min_age_s": 0})
+    assert dry["result"]["adapters"] == ["adapters/acme/bot/7/adapter_config.json"]
+    assert store.exists("adapters/acme/bot/7/adapter_config.json")
+
+    report = (await client.call("gc.run", {"min_age_s": 0}))["result"]
+    assert report["adapters"] == ["adapters/acme/bot/7/adapter_config.json"]
+    assert report["checkpoints"] == report["outputs"] == []  # gone in the first run
+    assert sorted(report["models"]) == [
+        "models/tiny/b/config.json",
+        "models/tiny/b/model.safetensors",
+        "models/tiny/b/tokenizer.json",
+    ]
+    # What is referenced or still in use is all there.
+    assert len(store.list("models/tiny/a/")) == 3
+    assert len(store.list("adapters/acme/bot/1/")) == 2
+    assert store.list("outputs/job-live/") and store.list("checkpoints/job-live/")
+    assert store.list("outputs/job-done/") == [] and store.list("checkpoints/job-done/") == []
+    assert not store.exists("adapters/acme/bot/7/adapter_config.json")
+    # The registered adapter still verifies after the collection.
+    verified = await client.call("adapters.verify", {"name": "bot", "version": 1})
+    assert verified["result"]["ok"] is True

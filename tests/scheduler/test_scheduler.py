@@ -1,0 +1,146 @@
+"""The scheduler against a real nats-server and a real registry."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from swarm_common.events import Started, Succeeded
+from swarm_common.jobs import AdapterRef, JobState, job_id_for
+
+from .conftest import Harness
+
+
+def names(events: list[dict]) -> list[str]:
+    return [e["data"]["event"] for e in events]
+
+
+async def test_a_duplicate_submission_makes_one_job(harness: Harness) -> None:
+    spec = harness.spec()
+    for _ in range(5):  # JetStream drops the copies by Nats-Msg-Id
+        await harness.submit(spec, msg_id="key-1")
+    # Past the de-duplication window the job id (derived from the key) still makes one job.
+    job_id = job_id_for("default", "key-1")
+    await harness.submit(spec, msg_id="another-msg-id", job_id=job_id)
+    await harness.wait_record(job_id, lambda r: r.state == JobState.queued)
+    await asyncio.sleep(0.5)
+    assert await harness.jobs.keys() == [job_id]
+    assert names(await harness.events()) == ["queued"]
+
+
+async def test_a_malformed_submission_is_dead_lettered_and_serving_goes_on(
+    harness: Harness,
+) -> None:
+    await harness.js.publish(
+        harness.subjects.submit, b"{not json", headers={"Nats-Msg-Id": "bad-1"}
+    )
+    await harness.js.publish(harness.subjects.submit, b'{"specversion": "1.0", "data": {}}')
+    await harness.submit(harness.spec(), msg_id="good")
+    await harness.wait_record(job_id_for("default", "good"), lambda r: r.state == JobState.queued)
+
+    sub = await harness.js.subscribe(
+        harness.subjects.dead_letter("scheduler"), ordered_consumer=True
+    )
+    parked = [await sub.next_msg(timeout=5), await sub.next_msg(timeout=5)]
+    await sub.unsubscribe()
+    assert parked[0].data == b"{not json"
+    assert parked[0].headers["Swarm-Original-Subject"] == harness.subjects.submit
+    assert "data.spec" in parked[1].headers["Swarm-Error"]
+
+
+async def test_an_unknown_base_model_fails_the_job_with_the_reason(harness: Harness) -> None:
+    await harness.submit(harness.spec(base_model="no-such-model"), msg_id="k")
+    job_id = job_id_for("default", "k")
+    record = await harness.wait_record(job_id, lambda r: r.state == JobState.failed)
+    assert "no-such-model" in (record.reason or "")
+    events = await harness.events(job_id)
+    assert names(events) == ["queued", "failed"]
+    assert "no-such-model" in events[-1]["data"]["reason"]
+
+
+async def test_a_job_waits_with_a_reason_then_goes_to_a_worker_that_fits(harness: Harness) -> None:
+    await harness.submit(harness.spec(resources={"workers": 1, "cpus_per_worker": 2}), msg_id="k")
+    job_id = job_id_for("default", "k")
+    await harness.wait_record(job_id, lambda r: r.reason == "waiting for a worker: none is alive")
+
+    await harness.heartbeat("small", cpus=1)
+    await harness.wait_record(job_id, lambda r: r.reason is not None and "can ever fit" in r.reason)
+    await harness.heartbeat("big", cpus=4)
+    record = await harness.wait_record(job_id, lambda r: r.state == JobState.assigned)
+    assert (record.worker_id, record.attempt) == ("big", 1)
+    [assignment] = await harness.assignments("big")
+    assert assignment["job_id"] == job_id and assignment["attempt"] == 1
+    assert assignment["base_model"]["name"] == "tiny" and assignment["base_model"]["version"] == 1
+    assert assignment["dataset"]["id"] == harness.spec()["dataset"]
+    assert names(await harness.events(job_id)) == ["queued", "assigned"]
+
+
+async def test_a_lost_worker_s_job_moves_on_and_its_late_result_is_rejected(
+    harness: Harness,
+) -> None:
+    await harness.submit(harness.spec(), msg_id="k")
+    job_id = job_id_for("default", "k")
+    await harness.heartbeat("w1")
+    await harness.wait_record(
+        job_id, lambda r: r.state == JobState.assigned and r.worker_id == "w1"
+    )
+    await harness.emit(Started(job_id=job_id, attempt=1, worker_id="w1"))
+    await harness.wait_record(job_id, lambda r: r.state == JobState.running)
+
+    # w1 goes silent; w2 keeps beating.
+    for _ in range(12):
+        await harness.heartbeat("w2")
+        await asyncio.sleep(0.25)
+    record = await harness.wait_record(job_id, lambda r: r.worker_id == "w2")
+    assert record.attempt == 2 and record.state == JobState.assigned
+
+    adapter = AdapterRef(name="adapter", version=1, store_key="adapters/default/adapter/1")
+    await harness.emit(Succeeded(job_id=job_id, attempt=1, adapter=adapter))  # late, stale
+    await asyncio.sleep(0.5)
+    assert (await harness.jobs.get(job_id))[0].state == JobState.assigned  # type: ignore[index]
+
+    await harness.emit(Started(job_id=job_id, attempt=2, worker_id="w2"))
+    await harness.emit(Succeeded(job_id=job_id, attempt=2, adapter=adapter))
+    done = await harness.wait_record(job_id, lambda r: r.state == JobState.succeeded)
+    assert done.adapter == adapter
+    # The stale report stays in the history, but the record ignored it.
+    assert names(await harness.events(job_id)) == [
+        "queued",
+        "assigned",
+        "started",
+        "requeued",
+        "assigned",
+        "succeeded",
+        "started",
+        "succeeded",
+    ]
+
+
+async def test_a_job_fails_after_max_attempts_of_lost_workers(harness: Harness) -> None:
+    await harness.submit(harness.spec(), msg_id="k")
+    job_id = job_id_for("default", "k")
+    await harness.heartbeat("a")
+    await harness.wait_record(job_id, lambda r: r.attempt == 1 and r.worker_id == "a")
+    # Once "a" is lost, "b" gets attempt 2, then goes silent too.
+    while (await harness.jobs.get(job_id))[0].attempt < 2:  # type: ignore[index]
+        await harness.heartbeat("b")
+        await asyncio.sleep(0.2)
+    record = await harness.wait_record(job_id, lambda r: r.state == JobState.failed)
+    assert record.reason == "worker b lost; gave up after 2 attempts"
+
+
+async def test_cancelling_a_queued_job_ends_it(harness: Harness) -> None:
+    await harness.submit(harness.spec(), msg_id="k")
+    job_id = job_id_for("default", "k")
+    await harness.wait_record(job_id, lambda r: r.state == JobState.queued)
+    cancel = {
+        "specversion": "1.0",
+        "id": "c1",
+        "source": "test",
+        "type": "swarm.job.cancel",
+        "data": {"job_id": job_id},
+    }
+    await harness.js.publish(harness.subjects.cancel(job_id), json.dumps(cancel).encode())
+    record = await harness.wait_record(job_id, lambda r: r.state == JobState.cancelled)
+    assert record.cancel_requested
+    assert names(await harness.events(job_id))[-1] == "cancelled"

@@ -1,0 +1,132 @@
+"""Trainer fixtures: one tiny model per session, one local Ray cluster per session."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from swarm_common.datasets import DatasetInfo, dataset_id_for, dataset_store_key
+from swarm_common.jobs import JobSpec, ModelRef
+from swarm_common.store import ObjectStore
+from swarm_common.workers import Assignment
+from swarm_trainer.tiny_model import create_tiny_model
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return create_tiny_model(tmp_path_factory.mktemp("tiny-model"))
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tiny_model_dir: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> Iterator[None]:
+    import ray
+
+    # Ray start-up costs seconds: one cluster for the whole session.
+    os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def arithmetic_records(n: int = 48) -> list[dict[str, str]]:
+    """A small, very learnable prompt/completion set."""
+    return [
+        {"prompt": f"Question: what is {i} plus {i}? Answer:", "completion": f" {2 * i}."}
+        for i in range(n)
+    ]
+
+
+def put_dataset(
+    store: ObjectStore, records: list[dict[str, Any]], tenant: str = "default"
+) -> DatasetInfo:
+    data = "".join(json.dumps(r) + "\n" for r in records).encode()
+    sha = hashlib.sha256(data).hexdigest()
+    key = dataset_store_key(tenant, sha)
+    store.put_bytes(key, data)
+    return DatasetInfo(
+        id=dataset_id_for(sha),
+        tenant=tenant,
+        sha256=sha,
+        store_key=key,
+        format="prompt_completion",
+        examples=len(records),
+        bytes=len(data),
+    )
+
+
+def put_model(store: ObjectStore, model_dir: Path) -> ModelRef:
+    key = "models/tiny-llama/0000000000000000"
+    files = store.upload_dir(model_dir, key)
+    digest = hashlib.sha256(json.dumps(sorted(files.items())).encode()).hexdigest()
+    return ModelRef(name="tiny-llama", version=1, store_key=key, digest=digest)
+
+
+def make_assignment(
+    store: ObjectStore,
+    model_dir: Path,
+    *,
+    job_id: str = "job-0123456789abcdef0123",
+    worker_id: str = "w1",
+    attempt: int = 1,
+    training: dict[str, Any] | None = None,
+    lora: dict[str, Any] | None = None,
+    resources: dict[str, Any] | None = None,
+) -> Assignment:
+    dataset = put_dataset(store, arithmetic_records())
+    spec = JobSpec.model_validate(
+        {
+            "name": "arith",
+            "base_model": "tiny-llama",
+            "dataset": dataset.id,
+            "lora": {
+                "r": 8,
+                "alpha": 16,
+                "dropout": 0.0,
+                "target_modules": "all-linear",
+                **(lora or {}),
+            },
+            "training": {
+                "max_steps": 10,
+                "batch_size": 8,
+                "lr": 1e-2,
+                "warmup_steps": 1,
+                "seq_len": 64,
+                "eval_every": 5,
+                "checkpoint_every": 5,
+                "val_fraction": 0.15,
+                **(training or {}),
+            },
+            "resources": {"workers": 1, "cpus_per_worker": 1, **(resources or {})},
+        }
+    )
+    return Assignment(
+        job_id=job_id,
+        attempt=attempt,
+        tenant="default",
+        worker_id=worker_id,
+        spec=spec,
+        base_model=put_model(store, model_dir),
+        dataset=dataset,
+    )
+
+
+def drain(queue: Any) -> list[dict[str, Any]]:
+    """Everything rank 0 sent through a Ray progress queue, in order."""
+    messages: list[dict[str, Any]] = []
+    while not queue.empty():
+        messages.append(queue.get())
+    return messages

@@ -1,0 +1,79 @@
+"""Exact resume: a run killed mid-job continues from its last committed checkpoint with the
+losses an uninterrupted run has, step for step; a half-written checkpoint is never used."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from swarm_common.settings import Settings
+from swarm_common.store import LocalStore
+from swarm_trainer.run import committed_checkpoint_step, run_job
+
+from .conftest import drain, make_assignment
+
+pytestmark = pytest.mark.slow
+
+# Dropout > 0 makes every step draw random numbers: a resume that did not restore the RNG
+# streams would diverge from the uninterrupted run.
+LORA = {"dropout": 0.2}
+TRAINING = {"max_steps": 8, "checkpoint_every": 4, "eval_every": 4, "seed": 3}
+
+
+def losses_by_step(messages: list[dict]) -> dict[int, float]:
+    return {m["step"]: m["loss"] for m in messages if m["kind"] == "progress"}
+
+
+def test_killed_run_resumes_exactly_from_last_committed_checkpoint(
+    ray_cluster: None, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    from ray.util.queue import Queue
+
+    store = LocalStore(tmp_path / "store")
+    settings = Settings(store_url=store.url, work_dir=tmp_path / "work")
+
+    reference = make_assignment(
+        store, tiny_model_dir, job_id="job-aaaaaaaaaaaaaaaaaaaa", training=TRAINING, lora=LORA
+    )
+    queue = Queue()
+    ref_result = run_job(reference, settings, store, progress=queue)
+    assert ref_result is not None
+    expected = losses_by_step(drain(queue))
+    assert sorted(expected) == list(range(1, 9))
+
+    # Same job under another id; its worker process dies before step 7, after leaving a
+    # half-written checkpoint_00000006 in the run directory. Ray restarts the worker group.
+    crashed = make_assignment(
+        store, tiny_model_dir, job_id="job-bbbbbbbbbbbbbbbbbbbb", training=TRAINING, lora=LORA
+    )
+    hooks = {
+        "crash_before_step": 7,
+        "checkpoint_every": 4,
+        "crash_marker": str(tmp_path / "crashed-once"),
+    }
+    queue = Queue()
+    result = run_job(crashed, settings, store, progress=queue, max_failures=1, hooks=hooks)
+    assert result is not None
+    assert (tmp_path / "crashed-once").read_text() == "6"  # it really died at that point
+    messages = drain(queue)
+
+    # Two starts: from scratch, then from step 4, the last committed checkpoint; not from the
+    # partial step-6 directory, which is still there.
+    assert [m["resumed_from_step"] for m in messages if m["kind"] == "started"] == [0, 4]
+    assert store.exists(
+        f"checkpoints/{crashed.job_id}/checkpoint_00000006/adapter_model.safetensors"
+    )
+    restart = next(i for i, m in enumerate(messages) if m.get("resumed_from_step") == 4)
+    before, after = losses_by_step(messages[:restart]), losses_by_step(messages[restart:])
+    assert sorted(before) == [1, 2, 3, 4, 5, 6] and sorted(after) == [5, 6, 7, 8]
+
+    # Same seed, same losses (reproducibility), and the resumed steps match the reference.
+    for step, loss in before.items():
+        assert loss == pytest.approx(expected[step], abs=1e-4), step
+    for step, loss in after.items():
+        assert loss == pytest.approx(expected[step], abs=1e-4), step
+    ref_evals = [e["eval_loss"] for e in ref_result.metrics["eval_history"]]
+    evals = [e["eval_loss"] for e in result.metrics["eval_history"]]
+    assert evals == pytest.approx(ref_evals, abs=1e-4) and len(evals) == 2
+    assert committed_checkpoint_step(store, crashed.job_id) == 8
