@@ -87,6 +87,32 @@ class ServerThread:
         self.thread.join(10)
 
 
+Samples = dict[str, list[tuple[dict[str, str], float]]]
+
+
+def scrape(port: int) -> Samples:
+    """``GET /metrics`` on a local port: every sample, by sample name, as (labels, value)."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    response = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5)
+    response.raise_for_status()
+    samples: Samples = {}
+    for family in text_string_to_metric_families(response.text):
+        for sample in family.samples:
+            samples.setdefault(sample.name, []).append((sample.labels, sample.value))
+    return samples
+
+
+def sample(samples: Samples, name: str, **labels: str) -> float:
+    """The sum of ``name``'s samples whose labels include ``labels`` (0 when there are none)."""
+    return sum(
+        value
+        for have, value in samples.get(name, [])
+        if all(have.get(k) == v for k, v in labels.items())
+    )
+
+
 @pytest.fixture(scope="session")
 def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsServer]:
     server = NatsServer(tmp_path_factory.mktemp("nats"))

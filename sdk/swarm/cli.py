@@ -7,7 +7,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import typer
 import yaml
@@ -18,6 +18,8 @@ from rich.table import Table
 from swarm.client import Client, SwarmError
 from swarm.progress import follow, report
 from swarm.sse import JobStreamEvent
+
+T = TypeVar("T", bound=BaseModel)
 
 app = typer.Typer(help="Swarm: decentralized LoRA fine-tuning.", no_args_is_help=True)
 jobs_app = typer.Typer(help="List, show, cancel and follow jobs (plain `swarm jobs` lists).")
@@ -87,6 +89,20 @@ def dump(data: BaseModel | Sequence[BaseModel] | dict[str, Any]) -> None:
         obj = [d.model_dump(mode="json") for d in data]
     # Plain print: rich would wrap and colour the JSON, which breaks pipes into jq.
     print(json.dumps(obj, indent=2))
+
+
+def listing(
+    found: Sequence[T],
+    as_json: bool,
+    title: str,
+    columns: Sequence[str],
+    row: Callable[[T], Sequence[Any]],
+) -> None:
+    """A list command's output: JSON for scripts, else a table with one row per item."""
+    if as_json:
+        dump(found)  # type: ignore[arg-type]
+    else:
+        table(title, columns, [row(item) for item in found])
 
 
 def table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
@@ -161,6 +177,12 @@ def submit(
         dump(record)
         return
     console.print(f"submitted [bold]{record.job_id}[/] ({record.spec.name}, {record.state})")
+    if record.parent is not None:
+        lora = record.spec.lora
+        console.print(
+            f"continues from {record.parent.ref} (its LoRA: r={lora.r}, alpha={lora.alpha:g}, "
+            f"target_modules={lora.target_modules})"
+        )
     if follow_:
         result = run(lambda: follow(c, record.job_id, console))
         if as_json:
@@ -399,24 +421,19 @@ def adapters_alias(
 @app.command()
 def workers(as_json: JsonOpt = False) -> None:
     """List the workers the scheduler knows."""
-    found = run(lambda: client().workers())
-    if as_json:
-        dump(found)
-        return
-    table(
+    listing(
+        run(lambda: client().workers()),
+        as_json,
         "workers",
         ["id", "state", "cpus free/total", "gpus free/total", "running", "last heartbeat"],
-        [
-            (
-                w.worker_id,
-                w.state,
-                f"{w.free.cpus}/{w.resources.cpus}",
-                f"{len(w.free.gpus)}/{len(w.resources.gpus)}",
-                ", ".join(r.job_id for r in w.running),
-                w.last_heartbeat.strftime("%H:%M:%S"),
-            )
-            for w in found
-        ],
+        lambda w: (
+            w.worker_id,
+            w.state,
+            f"{w.free.cpus}/{w.resources.cpus}",
+            f"{len(w.free.gpus)}/{len(w.resources.gpus)}",
+            ", ".join(r.job_id for r in w.running),
+            w.last_heartbeat.strftime("%H:%M:%S"),
+        ),
     )
 
 
@@ -432,24 +449,19 @@ def models_default(ctx: typer.Context, as_json: JsonOpt = False) -> None:
 @models_app.command("ls")
 def models_ls(as_json: JsonOpt = False) -> None:
     """List base models."""
-    found = run(lambda: client().list_models())
-    if as_json:
-        dump(found)
-        return
-    table(
+    listing(
+        run(lambda: client().list_models()),
+        as_json,
         "models",
         ["name", "version", "architecture", "parameters", "digest", "store key"],
-        [
-            (
-                m.name,
-                m.version,
-                m.architecture,
-                f"{m.parameter_count:,}",
-                m.digest[:12],
-                m.store_key,
-            )
-            for m in found
-        ],
+        lambda m: (
+            m.name,
+            m.version,
+            m.architecture,
+            f"{m.parameter_count:,}",
+            m.digest[:12],
+            m.store_key,
+        ),
     )
 
 
@@ -496,17 +508,19 @@ def datasets_default(ctx: typer.Context, as_json: JsonOpt = False) -> None:
 @datasets_app.command("ls")
 def datasets_ls(as_json: JsonOpt = False) -> None:
     """List your datasets."""
-    found = run(lambda: client().list_datasets())
-    if as_json:
-        dump(found)
-        return
-    table(
+    listing(
+        run(lambda: client().list_datasets()),
+        as_json,
         "datasets",
         ["id", "name", "format", "examples", "bytes", "created"],
-        [
-            (d.id, d.name, d.format, d.examples, f"{d.bytes:,}", d.created_at.strftime("%Y-%m-%d"))
-            for d in found
-        ],
+        lambda d: (
+            d.id,
+            d.name,
+            d.format,
+            d.examples,
+            f"{d.bytes:,}",
+            d.created_at.strftime("%Y-%m-%d"),
+        ),
     )
 
 

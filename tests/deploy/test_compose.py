@@ -516,7 +516,14 @@ def test_prometheus_scrapes_real_services(services: dict[str, Any]) -> None:
             assert int(port) in ports, f"{job}: {host} does not listen on {port}"
             scraped.add(host)
     # Every service with /metrics is scraped, and the OTLP metrics the collector re-exposes.
-    assert set(HTTP_PORTS) | {"otel-collector"} <= scraped
+    assert set(SERVICES) | {"otel-collector"} <= scraped
+
+
+@pytest.mark.parametrize("name", sorted(set(SERVICES) - set(HTTP_PORTS)))
+def test_metrics_port_of_services_without_http_api(services: dict[str, Any], name: str) -> None:
+    env = env_of(services[name])
+    assert env["SWARM_METRICS_HOST"] == "0.0.0.0", "must listen beyond loopback"
+    assert int(env["SWARM_METRICS_PORT"]) in container_ports(services[name])
 
 
 @pytest.mark.parametrize("name", SERVICES)

@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -114,7 +115,12 @@ class Procs:
         """Upload the tiny model and a dataset; return the dataset id."""
         model = create_tiny_model(self.root / "tiny")
         files = [("files", (p.name, p.read_bytes())) for p in model.iterdir() if p.is_file()]
-        r = self.http.post("/v1/models", data={"name": "tiny"}, files=files)
+        # The gateway is up before the registry subscribes: 503 until it does, as for a user.
+        for _ in range(150):
+            r = self.http.post("/v1/models", data={"name": "tiny"}, files=files)
+            if r.status_code != 503:
+                break
+            time.sleep(0.2)
         assert r.status_code < 300, r.text
         train, _ = write_demo_datasets(self.root / "data", n_train=64, n_val=8)
         r = self.http.post(
@@ -161,6 +167,20 @@ class Procs:
                 if line.startswith("data:"):
                     out.append(json.loads(line[5:])["data"])
         return out
+
+    def wait_worker(self, worker_id: str, pred: object, timeout: float = 60) -> dict:
+        """The worker's entry in the scheduler's worker table once ``pred`` holds for it."""
+        import time
+
+        deadline = time.monotonic() + timeout
+        worker = None
+        while time.monotonic() < deadline:
+            workers = self.http.get("/v1/workers").json()["data"]
+            worker = next((w for w in workers if w["worker_id"] == worker_id), None)
+            if worker is not None and pred(worker):  # type: ignore[operator]
+                return worker
+            time.sleep(0.5)
+        raise AssertionError(f"{worker_id} never matched; last {worker}\n{self.logs()}")
 
     def adapter_versions(self, name: str) -> list[dict]:
         r = self.http.get("/v1/adapters", params={"name": name})

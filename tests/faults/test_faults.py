@@ -60,25 +60,26 @@ def test_killing_the_leader_scheduler_repeatedly_loses_and_doubles_nothing(
         assert len(assigned) == len(set(assigned))
 
 
-@pytest.mark.xfail(
-    reason="known bug: the frozen attempt's Ray run shares checkpoints/<job_id>/ with the new "
-    "attempt and prunes the checkpoint it resumes from; fix: one Ray run per attempt resumed "
-    "with resume_from_checkpoint",
-    strict=False,
-)
 def test_a_frozen_trainer_s_late_events_are_rejected(procs: Procs) -> None:
     dataset = start_base(procs)
     procs.start("t1", "trainer", SWARM_WORKER_ID="t1")
-    job_id = procs.submit(dataset, "frozen", steps=10, checkpoint_every=3)
-    procs.wait(job_id, lambda r: r.state == JobState.running)
-    procs.start("t2", "trainer", SWARM_WORKER_ID="t2")
+    job_id = procs.submit(dataset, "frozen", steps=30, checkpoint_every=3)
+    # Frozen with a checkpoint behind it: attempt 2 resumes from it while attempt 1, once woken,
+    # could go on checkpointing and pruning (in its own Ray run, never in attempt 2's).
+    procs.wait(job_id, lambda r: r.metrics.get("checkpoint_step", 0) >= 3)
     procs.kill("t1", signal.SIGSTOP)
-    procs.wait(job_id, lambda r: r.attempt == 2, timeout=60)
+    procs.start("t2", "trainer", SWARM_WORKER_ID="t2")
+    procs.wait(job_id, lambda r: r.attempt == 2, timeout=90)
     procs.kill("t1", signal.SIGCONT)  # wakes up still believing it runs attempt 1
-    record = procs.wait(job_id, done, timeout=240)
+    record = procs.wait(job_id, done, timeout=300)
     assert record.state == JobState.succeeded and record.attempt == 2, record.reason
     assert record.worker_id == "t2"
     assert len(procs.adapter_versions("a-frozen")) == 1
+    events = procs.events(job_id)  # up to the first final event: attempt 1 sent none
+    assert (events[-1]["event"], events[-1]["attempt"]) == ("succeeded", 2)
+    started = [e for e in events if e["event"] == "started"]
+    assert started[-1]["attempt"] == 2 and started[-1]["resumed_from_step"] >= 3
+    procs.wait_worker("t1", lambda w: not w["running"])  # it noticed and stopped its run
 
 
 def test_a_nats_restart_mid_run_loses_no_job(procs: Procs) -> None:

@@ -88,6 +88,11 @@ async def test_two_tenants_concurrently_see_only_their_own(
         with pytest.raises(AuthError) as denied:
             await alice.workers()
         assert denied.value.status_code == 403
+        # The base-model catalog is shared: a tenant may use it but not add to it.
+        with pytest.raises(AuthError) as not_admin:
+            await alice.add_model("tiny", tmp_path / "model")
+        assert not_admin.value.status_code == 403
+        assert [(m.name, m.version) for m in await alice.list_models()] == [("tiny", 1)]
 
         everyone, _ = await admin.list_jobs(limit=100)
         assert sorted(j.job_id for j in everyone) == sorted(jobs_a + jobs_b)

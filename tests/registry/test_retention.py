@@ -11,6 +11,9 @@ from swarm_common.store import ObjectStore
 from .test_adapters import register, upload_output
 from .test_fencing import put_job
 
+# A checkpoint file in a job's run for attempt 1 (see swarm_trainer.checkpoint.run_key).
+CKPT = "attempt-1/checkpoint_00000010/adapter_model.safetensors"
+
 
 async def test_delete_is_refused_while_an_alias_holds_the_version(
     client: Any, store: ObjectStore, model_files: Any
@@ -56,7 +59,9 @@ async def test_gc_removes_only_unreferenced_objects(
     for job, state in (("job-done", JobState.succeeded), ("job-live", JobState.running)):
         await put_job(settings, job, attempt=1, state=state)
         upload_output(store, job, model_files)
-        store.put_bytes(f"checkpoints/{job}/checkpoint_00000010/adapter_model.safetensors", b"c")
+        # Attempt 1's Ray run, and attempt 2's copy of the checkpoint it resumed from.
+        store.put_bytes(f"checkpoints/{job}/{CKPT}", b"c")
+        store.put_bytes(f"checkpoints/{job}/attempt-2-resume/adapter_model.safetensors", b"c")
     assert (await register(client, "bot", "outputs/job-done/1/adapter", "job-done"))["ok"]
     # Adapter files no record refers to (a version deleted by hand from the KV, say).
     store.put_bytes("adapters/acme/bot/7/adapter_config.json", b"{}")
@@ -68,8 +73,9 @@ async def test_gc_removes_only_unreferenced_objects(
         "outputs/job-done/1/adapter/adapter_config.json",
         "outputs/job-done/1/adapter/adapter_model.safetensors",
     ]
-    assert spared["result"]["checkpoints"] == [
-        "checkpoints/job-done/checkpoint_00000010/adapter_model.safetensors"
+    assert sorted(spared["result"]["checkpoints"]) == [
+        f"checkpoints/job-done/{CKPT}",
+        "checkpoints/job-done/attempt-2-resume/adapter_model.safetensors",
     ]
 
     dry = await client.call("gc.run", {"dry_run": True, "min_age_s": 0})

@@ -107,6 +107,27 @@ async def test_a_running_job_its_worker_stops_listing_is_requeued(
         assert requeued[0]["reason"] == "worker w1 stopped listing it for 1.5s"
 
 
+async def test_a_stale_worker_listing_an_old_attempt_does_not_break_the_new_lease(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """A worker frozen past its lease wakes up and lists attempt 1 until it notices."""
+    async with running_harness(settings, tmp_path, assign_timeout_s=1.5) as h:
+        await h.submit(h.spec(), msg_id="k")
+        job_id = job_id_for("default", "k")
+        listing: list[RunningJob] = []
+        async with h.beating("w1", running=lambda: listing):
+            # Attempt 1 is never confirmed: requeued, and placed on w1 again as attempt 2.
+            await h.wait_record(job_id, lambda r: r.attempt == 2)
+            listing.append(RunningJob(job_id=job_id, attempt=2))
+            await h.emit(Started(job_id=job_id, attempt=2, worker_id="w1"))
+            await h.wait_record(job_id, lambda r: r.state == JobState.running)
+            stale = [RunningJob(job_id=job_id, attempt=1)]
+            async with h.beating("ghost", running=lambda: stale, cpus=0):
+                await asyncio.sleep(4)  # well past the 1.5 s lease
+            record = (await h.jobs.get(job_id))[0]  # type: ignore[index]
+        assert record.state == JobState.running and record.attempt == 2, record.reason
+
+
 async def test_a_cancelled_job_whose_worker_never_starts_it_is_ended(
     settings: Settings, tmp_path: Path
 ) -> None:

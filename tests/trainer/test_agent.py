@@ -133,7 +133,7 @@ async def test_agent_runs_an_assignment_to_the_end(
     assert names.count("checkpoint") == 2  # steps 5 and 6 (the end)
     assert "validated" in names
     checkpoint = next(d for n, d in events.items if n == "checkpoint")
-    assert checkpoint["store_key"] == f"checkpoints/{job.job_id}/checkpoint_00000005"
+    assert checkpoint["store_key"] == f"checkpoints/{job.job_id}/attempt-1/checkpoint_00000005"
     assert open_store(settings).exists(checkpoint["store_key"] + "/adapter_model.safetensors")
     assert events.heartbeats and events.heartbeats[0]["worker_id"] == "w-test"
     assert any(h["running"] for h in events.heartbeats)

@@ -2,13 +2,25 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
 from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM
 
-from swarm_trainer.checkpoint import load_checkpoint, save_checkpoint
+from swarm_common.store import LocalStore
+from swarm_trainer.checkpoint import (
+    ADAPTER_FILE,
+    SNAPSHOT_FILE,
+    checkpoint_dir_name,
+    committed_checkpoint_step,
+    load_checkpoint,
+    prepare_resume,
+    resume_key,
+    run_key,
+    save_checkpoint,
+)
 from swarm_trainer.recipe import lr_lambda
 
 
@@ -52,3 +64,59 @@ def test_checkpoint_round_trip_continues_identically(tiny_model_dir: Path, tmp_p
     assert load_checkpoint(tmp_path, model2, optimizer2, scheduler2) == {"step": 3}
     resumed = [step(model2, optimizer2, scheduler2) for _ in range(2)]
     assert resumed == expected
+
+
+# --- which checkpoint a new attempt starts from ----------------------------------------------
+
+
+def commit(store: LocalStore, job_id: str, attempt: int, *steps: int) -> None:
+    """Checkpoint directories of ``attempt``'s run and Ray's snapshot listing them."""
+    names = [checkpoint_dir_name(s) for s in steps]
+    for name in names:
+        store.put_bytes(f"{run_key(job_id, attempt)}/{name}/{ADAPTER_FILE}", name.encode())
+    snapshot = {
+        "checkpoint_results": [{"checkpoint_dir_name": n} for n in names],
+        "latest_checkpoint_result": {"checkpoint_dir_name": names[-1]},
+    }
+    store.put_bytes(f"{run_key(job_id, attempt)}/{SNAPSHOT_FILE}", json.dumps(snapshot).encode())
+
+
+def test_a_new_attempt_copies_the_latest_committed_checkpoint_of_earlier_attempts(
+    tmp_path: Path,
+) -> None:
+    store = LocalStore(tmp_path)
+    assert prepare_resume(store, "job-1", 1) is None
+    commit(store, "job-1", 1, 3, 6)
+    commit(store, "job-1", 2, 9)
+    # Half-written: in the run directory, but not in Ray's snapshot.
+    store.put_bytes(f"{run_key('job-1', 2)}/{checkpoint_dir_name(12)}/{ADAPTER_FILE}", b"x")
+
+    point = prepare_resume(store, "job-1", 3)
+    assert point is not None and point.step == 9 and point.key == resume_key("job-1", 3)
+    assert store.get_bytes(f"{point.key}/{ADAPTER_FILE}") == checkpoint_dir_name(9).encode()
+    # Asked again (a retried start), the same copy, even after the source is gone.
+    store.delete_prefix(run_key("job-1", 2) + "/")
+    assert prepare_resume(store, "job-1", 3) == point
+    assert committed_checkpoint_step(store, "job-1", 1) == 6
+    assert committed_checkpoint_step(store, "job-1", 2) == 0
+
+
+def test_a_checkpoint_pruned_while_copied_is_not_resumed_from(tmp_path: Path) -> None:
+    """A stale attempt that wakes up keeps checkpointing and pruning its own run."""
+
+    class Pruning(LocalStore):
+        pruned = False
+
+        def download_dir(self, prefix: str, local_dir: Path) -> list[Path]:
+            paths = super().download_dir(prefix, local_dir)
+            if not self.pruned:  # the stale run commits step 9 and drops step 6
+                self.pruned = True
+                commit(self, "job-1", 1, 9)
+                self.delete_prefix(f"{run_key('job-1', 1)}/{checkpoint_dir_name(6)}/")
+            return paths
+
+    store = Pruning(tmp_path)
+    commit(store, "job-1", 1, 3, 6)
+    point = prepare_resume(store, "job-1", 2)
+    assert point is not None and point.step == 9
+    assert store.get_bytes(f"{point.key}/{ADAPTER_FILE}") == checkpoint_dir_name(9).encode()

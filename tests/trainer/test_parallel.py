@@ -43,5 +43,6 @@ def test_two_workers_see_disjoint_shards_and_agree_on_weights(
     # Gradients were averaged across ranks every step: identical adapters, bit for bit.
     assert ranks[0]["adapter_digest"] == ranks[1]["adapter_digest"]
     # Each rank saved its own RNG streams into the one committed checkpoint.
-    names = {k.rsplit("/", 1)[-1] for k in store.list(f"checkpoints/{job.job_id}/checkpoint_")}
+    ckpts = store.list(f"checkpoints/{job.job_id}/attempt-1/checkpoint_")
+    names = {k.rsplit("/", 1)[-1] for k in ckpts}
     assert {"rng_rank0.safetensors", "rng_rank1.safetensors"} <= names

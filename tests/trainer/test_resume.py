@@ -1,15 +1,17 @@
 """Exact resume: a run killed mid-job continues from its last committed checkpoint with the
-losses an uninterrupted run has, step for step; a half-written checkpoint is never used."""
+losses an uninterrupted run has, step for step; a half-written checkpoint is never used. The
+same holds across attempts: a new attempt's Ray run resumes from what an earlier one committed."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from swarm_common.settings import Settings
 from swarm_common.store import LocalStore
-from swarm_trainer.run import committed_checkpoint_step, run_job
+from swarm_trainer.run import RunResult, committed_checkpoint_step, run_job
 
 from .conftest import drain, make_assignment
 
@@ -25,33 +27,51 @@ def losses_by_step(messages: list[dict]) -> dict[int, float]:
     return {m["step"]: m["loss"] for m in messages if m["kind"] == "progress"}
 
 
-def test_killed_run_resumes_exactly_from_last_committed_checkpoint(
-    ray_cluster: None, tiny_model_dir: Path, tmp_path: Path
-) -> None:
+@pytest.fixture(scope="module")
+def reference(
+    ray_cluster: None, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[dict[int, float], RunResult]:
+    """An uninterrupted run: its losses by step, and its result."""
     from ray.util.queue import Queue
 
+    tmp_path = tmp_path_factory.mktemp("reference")
     store = LocalStore(tmp_path / "store")
     settings = Settings(store_url=store.url, work_dir=tmp_path / "work")
-
-    reference = make_assignment(
+    job = make_assignment(
         store, tiny_model_dir, job_id="job-aaaaaaaaaaaaaaaaaaaa", training=TRAINING, lora=LORA
     )
     queue = Queue()
-    ref_result = run_job(reference, settings, store, progress=queue)
-    assert ref_result is not None
+    result = run_job(job, settings, store, progress=queue)
+    assert result is not None
     expected = losses_by_step(drain(queue))
     assert sorted(expected) == list(range(1, 9))
+    return expected, result
+
+
+def crash_hooks(tmp_path: Path) -> dict[str, Any]:
+    """Rank 0's worker dies before step 7, leaving a half-written checkpoint_00000006."""
+    return {
+        "crash_before_step": 7,
+        "checkpoint_every": 4,
+        "crash_marker": str(tmp_path / "crashed-once"),
+    }
+
+
+def test_killed_run_resumes_exactly_from_last_committed_checkpoint(
+    reference: tuple[dict[int, float], RunResult], tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    from ray.util.queue import Queue
+
+    expected, ref_result = reference
+    store = LocalStore(tmp_path / "store")
+    settings = Settings(store_url=store.url, work_dir=tmp_path / "work")
 
     # Same job under another id; its worker process dies before step 7, after leaving a
     # half-written checkpoint_00000006 in the run directory. Ray restarts the worker group.
     crashed = make_assignment(
         store, tiny_model_dir, job_id="job-bbbbbbbbbbbbbbbbbbbb", training=TRAINING, lora=LORA
     )
-    hooks = {
-        "crash_before_step": 7,
-        "checkpoint_every": 4,
-        "crash_marker": str(tmp_path / "crashed-once"),
-    }
+    hooks = crash_hooks(tmp_path)
     queue = Queue()
     result = run_job(crashed, settings, store, progress=queue, max_failures=1, hooks=hooks)
     assert result is not None
@@ -62,7 +82,7 @@ def test_killed_run_resumes_exactly_from_last_committed_checkpoint(
     # partial step-6 directory, which is still there.
     assert [m["resumed_from_step"] for m in messages if m["kind"] == "started"] == [0, 4]
     assert store.exists(
-        f"checkpoints/{crashed.job_id}/checkpoint_00000006/adapter_model.safetensors"
+        f"checkpoints/{crashed.job_id}/attempt-1/checkpoint_00000006/adapter_model.safetensors"
     )
     restart = next(i for i, m in enumerate(messages) if m.get("resumed_from_step") == 4)
     before, after = losses_by_step(messages[:restart]), losses_by_step(messages[restart:])
@@ -76,4 +96,36 @@ def test_killed_run_resumes_exactly_from_last_committed_checkpoint(
     ref_evals = [e["eval_loss"] for e in ref_result.metrics["eval_history"]]
     evals = [e["eval_loss"] for e in result.metrics["eval_history"]]
     assert evals == pytest.approx(ref_evals, abs=1e-4) and len(evals) == 2
-    assert committed_checkpoint_step(store, crashed.job_id) == 8
+    assert committed_checkpoint_step(store, crashed.job_id, 1) == 8
+
+
+def test_a_new_attempt_resumes_exactly_from_what_an_earlier_one_committed(
+    reference: tuple[dict[int, float], RunResult], tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    from ray.train import TrainingFailedError
+    from ray.util.queue import Queue
+
+    expected, _ = reference
+    store = LocalStore(tmp_path / "store")
+    settings = Settings(store_url=store.url, work_dir=tmp_path / "work")
+    job_id = "job-cccccccccccccccccccc"
+
+    # Attempt 1 dies for good (no Ray retry) after committing step 4, as on a lost machine.
+    first = make_assignment(store, tiny_model_dir, job_id=job_id, training=TRAINING, lora=LORA)
+    with pytest.raises(TrainingFailedError):
+        run_job(first, settings, store, max_failures=0, hooks=crash_hooks(tmp_path))
+    assert committed_checkpoint_step(store, job_id, 1) == 4
+
+    second = first.model_copy(update={"attempt": 2, "worker_id": "w2"})
+    queue = Queue()
+    result = run_job(second, settings, store, progress=queue)
+    assert result is not None
+    messages = drain(queue)
+    assert [m["resumed_from_step"] for m in messages if m["kind"] == "started"] == [4]
+    after = losses_by_step(messages)
+    assert sorted(after) == [5, 6, 7, 8]
+    for step, loss in after.items():
+        assert loss == pytest.approx(expected[step], abs=1e-4), step
+    # Attempt 2 checkpointed into its own run; attempt 1's run is as it left it.
+    assert committed_checkpoint_step(store, job_id, 2) == 8
+    assert committed_checkpoint_step(store, job_id, 1) == 4

@@ -72,8 +72,8 @@ def test_ray_train_run_checkpoints_and_learns(
     assert [m["step"] for m in messages if m["kind"] == "validated"] == [5, 10]
     assert all(m["tokens_per_s"] > 0 for m in progress)
 
-    # Checkpoints are in the store, under Ray Train's run directory for the job.
-    ckpts = store.list(f"checkpoints/{job.job_id}/checkpoint_")
+    # Checkpoints are in the store, under Ray Train's run directory for the job's attempt.
+    ckpts = store.list(f"checkpoints/{job.job_id}/attempt-1/checkpoint_")
     assert any(k.endswith(f"checkpoint_00000010/{ADAPTER_FILE}") for k in ckpts)
     assert any("checkpoint_00000005/" in k for k in ckpts)
 

@@ -7,7 +7,7 @@ import logging
 
 from faststream import ExceptionMiddleware
 from faststream.nats import NatsBroker, NatsMessage
-from faststream.nats.security import NatsNKey, NatsToken, NatsUserPassword
+from faststream.nats.security import NatsCredentials, NatsNKey, NatsToken, NatsUserPassword
 from pydantic import ValidationError
 
 from swarm_common.envelope import envelope
@@ -18,7 +18,9 @@ from swarm_common.subjects import Subjects
 log = logging.getLogger(__name__)
 
 
-def _security(settings: Settings) -> NatsUserPassword | NatsToken | NatsNKey | None:
+def _security(
+    settings: Settings,
+) -> NatsUserPassword | NatsToken | NatsNKey | NatsCredentials | None:
     if settings.nats_user:
         password = settings.nats_password.get_secret_value() if settings.nats_password else ""
         return NatsUserPassword(settings.nats_user, password)
@@ -26,6 +28,9 @@ def _security(settings: Settings) -> NatsUserPassword | NatsToken | NatsNKey | N
         return NatsToken(settings.nats_token.get_secret_value())
     if settings.nats_nkey_seed_file:
         return NatsNKey(settings.nats_nkey_seed_file)
+    if settings.nats_creds_file:
+        # A .creds file (user JWT + nkey seed, as `nsc` writes it): operator mode.
+        return NatsCredentials(str(settings.nats_creds_file))
     return None
 
 
@@ -57,12 +62,17 @@ def dead_letter_middleware(service: str, subjects: Subjects) -> ExceptionMiddlew
     return middleware
 
 
-def make_broker(settings: Settings, service: str) -> NatsBroker:
+def make_broker(
+    settings: Settings, service: str, message_log_level: int = logging.INFO
+) -> NatsBroker:
+    """``message_log_level``: the level of FastStream's line per message received and handled
+    (a busy service, such as the scheduler with its heartbeats, logs them at DEBUG)."""
     subjects = Subjects(settings.namespace)
     return NatsBroker(
         settings.nats_url,
         name=f"swarm-{service}",
         security=_security(settings),
+        log_level=message_log_level,
         # Services must outlive a NATS restart: reconnect for ever rather than exit.
         max_reconnect_attempts=-1,
         reconnect_time_wait=1,

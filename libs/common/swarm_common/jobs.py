@@ -13,6 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,62}$"
 MODEL_REF_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,62}(@[0-9]+)?$"
 DATASET_ID_PATTERN = r"^ds-[0-9a-f]{16,64}$"
+# ``name@version``, or ``name@alias`` (resolved to a version when the job is submitted).
+ADAPTER_REF_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,62}@[a-z0-9][a-z0-9_-]{0,62}$"
 
 
 def utcnow() -> datetime:
@@ -76,6 +78,11 @@ class JobSpec(Strict):
     base_model: str = Field(pattern=MODEL_REF_PATTERN, description="registry model name[@version]")
     dataset: str = Field(pattern=DATASET_ID_PATTERN, description="dataset id from /v1/datasets")
     validation: str | None = Field(default=None, pattern=DATASET_ID_PATTERN)
+    from_adapter: str | None = Field(
+        default=None,
+        pattern=ADAPTER_REF_PATTERN,
+        description="continue training this adapter of the tenant's: name@version or name@alias",
+    )
     lora: LoraSpec = Field(default_factory=LoraSpec)
     training: TrainingSpec = Field(default_factory=TrainingSpec)
     resources: ResourceSpec = Field(default_factory=ResourceSpec)
@@ -125,6 +132,19 @@ class AdapterRef(BaseModel):
     store_key: str
 
 
+class ParentAdapter(BaseModel):
+    """The adapter a job continues training from (``from_adapter``), pinned at submission."""
+
+    name: str
+    version: int
+    store_key: str
+    files: dict[str, str] = Field(description="file name -> sha256, checked on download")
+
+    @property
+    def ref(self) -> str:
+        return f"{self.name}@{self.version}"
+
+
 class JobRecord(BaseModel):
     """The scheduler's record of a job, one KV entry per job; changed only by compare-and-set."""
 
@@ -136,6 +156,7 @@ class JobRecord(BaseModel):
     worker_id: str | None = None
     reason: str | None = None
     base_model: ModelRef | None = None
+    parent: ParentAdapter | None = None
     adapter: AdapterRef | None = None
     metrics: dict[str, float] = Field(default_factory=dict)
     cancel_requested: bool = False
@@ -145,3 +166,6 @@ class JobRecord(BaseModel):
     cancel_requested_at: datetime | None = None
     created_at: datetime = Field(default_factory=utcnow)
     updated_at: datetime = Field(default_factory=utcnow)
+    # W3C traceparent of the span that accepted the job: the job's one trace continues from it
+    # whenever the job is picked up again (placement, requeue), however much later.
+    trace_parent: str | None = None

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
-from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
+from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KV_DEL, KV_OP, KV_PURGE, KeyValue
 from pydantic import BaseModel
 
@@ -83,21 +82,25 @@ class RecordTable(Generic[M]):
         """
         # KeyValue keeps its JetStream context, stream and subject prefix private.
         js, stream, prefix = self.kv._js, self.kv._stream, self.kv._pre
-        sub = await js.pull_subscribe(
-            f"{prefix}>",
-            stream=stream,
-            config=ConsumerConfig(
+        # The create reply already holds the pending count; the server drops the consumer
+        # once idle, so listing keys costs two JetStream API calls and the fetches.
+        info = await js.add_consumer(
+            stream,
+            ConsumerConfig(
+                name=js._nc._nuid.next().decode(),
+                filter_subject=f"{prefix}>",
                 deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
                 ack_policy=AckPolicy.NONE,
                 headers_only=True,
                 mem_storage=True,
-                inactive_threshold=60.0,
+                inactive_threshold=5.0,
             ),
         )
-        consumer = None
+        pending, keys = info.num_pending, []
+        if not pending:
+            return keys
+        sub = await js.pull_subscribe_bind(consumer=info.name, stream=stream)
         try:
-            info = await sub.consumer_info()
-            consumer, pending, keys = info.name, info.num_pending, []
             while pending:
                 for msg in await sub.fetch(batch=min(pending, 1024), timeout=10):
                     if (msg.headers or {}).get(KV_OP) not in (KV_DEL, KV_PURGE):
@@ -106,9 +109,6 @@ class RecordTable(Generic[M]):
             return keys
         finally:
             await sub.unsubscribe()
-            if consumer is not None:
-                with contextlib.suppress(NotFoundError):
-                    await js.delete_consumer(stream, consumer)
 
     async def all(self) -> list[M]:
         records = []

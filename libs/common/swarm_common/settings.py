@@ -72,4 +72,9 @@ class Settings(BaseSettings):
     otel_exporter: str = Field(default="none", pattern=r"^(none|console|otlp)$")
     otel_endpoint: str | None = None
 
+    # Prometheus /metrics of the scheduler, registry and trainer (the gateway and telemetry
+    # serve it on their HTTP port). Unset: no metrics server; 0: a free port, logged.
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int | None = Field(default=None, ge=0, le=65535)
+
     log_level: str = "INFO"

@@ -7,7 +7,7 @@ from datetime import datetime
 from pydantic import BaseModel, Field
 
 from swarm_common.datasets import DatasetInfo
-from swarm_common.jobs import JobSpec, ModelRef, utcnow
+from swarm_common.jobs import JobSpec, ModelRef, ParentAdapter, utcnow
 
 
 class Gpu(BaseModel):
@@ -50,6 +50,10 @@ class Assignment(BaseModel):
     base_model: ModelRef
     dataset: DatasetInfo
     validation: DatasetInfo | None = None
+    # Set when the job continues training an adapter (``spec.from_adapter``), pinned.
+    parent: ParentAdapter | None = None
+    # W3C traceparent of the placement span: the trainer's spans for this attempt are its children.
+    trace_parent: str | None = None
 
 
 class WorkerInfo(BaseModel):

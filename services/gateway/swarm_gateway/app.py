@@ -20,6 +20,7 @@ from swarm_common.settings import Settings
 from swarm_common.store import open_store
 from swarm_common.subjects import Subjects
 from swarm_common.topology import ensure_topology, kv_bucket
+from swarm_common.tracing import setup_tracing, tracer_of
 from swarm_common.workers import WorkerInfo
 from swarm_gateway import dashboard
 from swarm_gateway.auth import parse_api_keys
@@ -61,12 +62,14 @@ def create_app(
             submit_wait_s=submit_wait_s,
             request_timeout_s=request_timeout_s,
             metrics=metrics,
+            tracer=tracer_of(tracing, "gateway"),
         )
         log.info("gateway connected to %s (namespace %r)", settings.nats_url, settings.namespace)
         try:
             yield
         finally:
             await broker.stop()
+            tracing.shutdown()
 
     app = FastAPI(
         title="Swarm gateway",
@@ -75,6 +78,9 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.api_keys = api_keys
+    # Made here, not in the lifespan, so that a test can add its span exporter before start.
+    tracing = setup_tracing(settings, "gateway")
+    app.state.tracer_provider = tracing
     metrics = GatewayMetrics()
     app.state.metrics = metrics
     app.add_middleware(MetricsMiddleware, metrics=metrics)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fastapi import Request
 from faststream.nats import NatsBroker
 from nats.aio.client import Client as NatsClient
 from nats.js import JetStreamContext
+from opentelemetry.trace import NoOpTracer, Tracer
 
 from swarm_common.datasets import DatasetInfo
 from swarm_common.jobs import JobRecord
@@ -35,6 +36,7 @@ class Gateway:
     # Registry/telemetry request timeout.
     request_timeout_s: float = 5.0
     metrics: GatewayMetrics | None = None
+    tracer: Tracer = field(default_factory=NoOpTracer)
 
 
 def get_gateway(request: Request) -> Gateway:

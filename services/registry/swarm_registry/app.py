@@ -9,10 +9,13 @@ from typing import TypeVar
 
 from faststream import FastStream
 from faststream.nats import NatsBroker
+from faststream.nats.opentelemetry import NatsTelemetryMiddleware
+from opentelemetry.trace import Status, StatusCode
 
 from swarm_common.broker import make_broker
 from swarm_common.envelope import envelope
 from swarm_common.jobs import JobRecord
+from swarm_common.prometheus import MetricsServer
 from swarm_common.records import RecordTable
 from swarm_common.registry import (
     AdapterKey,
@@ -37,10 +40,12 @@ from swarm_common.settings import Settings
 from swarm_common.store import open_store
 from swarm_common.subjects import Subjects
 from swarm_common.topology import ensure_topology, kv_bucket
+from swarm_common.tracing import setup_tracing, tracer_of
 from swarm_registry.adapters import AdapterCatalog
 from swarm_registry.errors import RegistryError
 from swarm_registry.integrity import verify
 from swarm_registry.lineage import lineage_graph
+from swarm_registry.metrics import RegistryMetrics
 from swarm_registry.models import ModelCatalog
 from swarm_registry.retention import Collector, delete_version
 
@@ -77,6 +82,14 @@ def build_app(settings: Settings) -> FastStream:
     broker: NatsBroker = make_broker(settings, SERVICE)
     subjects = Subjects(settings.namespace)
     catalogs = Catalogs()
+    # Observability. Every request is a span, the child of the requester's when it sent a
+    # traceparent header (the trainer does, so a registration joins the job's trace).
+    tracing = setup_tracing(settings, SERVICE)
+    tracer = tracer_of(tracing, SERVICE)
+    metrics = RegistryMetrics()
+    broker.add_middleware(metrics.messages)
+    broker.add_middleware(NatsTelemetryMiddleware(tracer_provider=tracing))
+    metrics_server = MetricsServer(settings, metrics.registry, SERVICE)
 
     async def announce(version: AdapterVersion) -> None:
         await broker.publish(
@@ -86,6 +99,7 @@ def build_app(settings: Settings) -> FastStream:
             # A re-announcement of the same version within the dedup window is stored once.
             headers={"Nats-Msg-Id": f"adapter.{version.name}.{version.version}"},
         )
+        metrics.adapter_versions.inc()  # called once per new version
 
     async def promoted(event: AdapterPromoted) -> None:
         await broker.publish(
@@ -97,8 +111,10 @@ def build_app(settings: Settings) -> FastStream:
                 f"{event.previous_version}.{event.version}"
             },
         )
+        metrics.promotions.inc()
 
     async def start() -> None:
+        metrics_server.start()
         await broker.connect()
         js = broker.connection.jetstream()
         await ensure_topology(js, subjects)
@@ -127,7 +143,21 @@ def build_app(settings: Settings) -> FastStream:
 
     @broker.subscriber(subject("adapters.register"), queue=SERVICE, max_workers=REGISTER_WORKERS)
     async def register_adapter(request: RegisterAdapter) -> Reply[AdapterVersion]:
-        return await answer(Reply[AdapterVersion], catalogs.adapters.register(request))
+        lineage = request.lineage
+        with tracer.start_as_current_span(
+            "registry.register_adapter",
+            attributes={
+                "swarm.job_id": lineage.job_id,
+                "swarm.attempt": lineage.attempt,
+                "swarm.adapter": request.name,
+            },
+        ) as span:
+            reply = await answer(Reply[AdapterVersion], catalogs.adapters.register(request))
+            if reply.result is not None:
+                span.set_attribute("swarm.adapter_version", reply.result.version)
+            else:
+                span.set_status(Status(StatusCode.ERROR, (reply.error or "")[:200]))
+            return reply
 
     @broker.subscriber(subject("adapters.get"), queue=SERVICE)
     async def get_adapter(request: GetAdapter) -> Reply[AdapterVersion]:
@@ -174,4 +204,11 @@ def build_app(settings: Settings) -> FastStream:
     async def run_gc(request: RunGc) -> Reply[GcReport]:
         return await answer(Reply[GcReport], catalogs.collector.run(request))
 
-    return FastStream(broker, on_startup=[start])
+    async def stop() -> None:
+        metrics_server.stop()
+        tracing.shutdown()
+
+    app = FastStream(broker, on_startup=[start], on_shutdown=[stop])
+    app.context.set_global("tracer_provider", tracing)  # tests add their span exporter to it
+    app.context.set_global("metrics_server", metrics_server)
+    return app

@@ -4,10 +4,11 @@ What ``gc.run`` removes:
 
 * ``adapters/<tenant>/<name>/<version>/…`` with no version record and no registration in
   flight (a job index entry claiming that version);
-* ``outputs/<job_id>/…`` and ``checkpoints/<job_id>/…`` of finished jobs (succeeded, failed or
-  cancelled): every checkpoint, not just all but one. A finished job never resumes, the
-  registered adapter is a full copy under ``adapters/``, and continuing training starts from
-  that adapter (``from_adapter``), not from a checkpoint. Jobs with no record are left alone:
+* ``outputs/<job_id>/…`` and ``checkpoints/<job_id>/…`` (every attempt's Ray run and resume
+  copy) of finished jobs (succeeded, failed or cancelled): every checkpoint, not just all but
+  one. A finished job never resumes, the registered adapter is a full copy under
+  ``adapters/``, and continuing training starts from that adapter (``from_adapter``), not from
+  a checkpoint. Jobs with no record are left alone:
   the record may not be written yet;
 * ``models/…`` objects under no model version's ``store_key``.
 

@@ -14,9 +14,12 @@ from swarm_common.broker import make_broker
 from swarm_common.envelope import CloudEvent
 from swarm_common.events import AnyJobEvent, CancelRequest
 from swarm_common.jobs import JobSubmission
+from swarm_common.prometheus import MetricsServer
 from swarm_common.settings import Settings
 from swarm_common.subjects import Subjects
+from swarm_common.tracing import context_from_headers, setup_tracing, tracer_of
 from swarm_common.workers import Heartbeat
+from swarm_scheduler.metrics import SchedulerMetrics
 from swarm_scheduler.scheduler import Scheduler
 
 log = logging.getLogger("swarm.scheduler")
@@ -24,6 +27,7 @@ JobEventEnvelope = CloudEvent[Annotated[AnyJobEvent, Field(discriminator="event"
 # A follower that still got a message (in the moment before its consumers stopped) gives it
 # back for the leader after this long.
 FOLLOWER_NACK_DELAY_S = 0.5
+OWN_EVENTS = frozenset({"queued", "assigned", "requeued"})
 
 
 def _durable(stream: str) -> dict:
@@ -40,8 +44,16 @@ def _durable(stream: str) -> dict:
 
 def build_app(settings: Settings) -> FastStream:
     subjects = Subjects(settings.namespace)
-    broker = make_broker(settings, "scheduler")
+    # Two log lines per message would be a thousand a second with 500 workers' heartbeats.
+    broker = make_broker(settings, "scheduler", message_log_level=logging.DEBUG)
     scheduler = Scheduler(settings, broker)
+    # Observability: the job's trace (docs/observability.md) and Prometheus /metrics.
+    tracing = setup_tracing(settings, "scheduler")
+    scheduler.tracer = tracer_of(tracing, "scheduler")
+    scheduler.metrics = metrics = SchedulerMetrics()
+    metrics.watch(scheduler)
+    broker.add_middleware(metrics.messages)
+    metrics_server = MetricsServer(settings, metrics.registry, "scheduler")
 
     submit_sub = broker.subscriber(
         subjects.submit, durable="scheduler-submit", **_durable(subjects.submit_stream)
@@ -56,6 +68,12 @@ def build_app(settings: Settings) -> FastStream:
     # queues, so a follower that pulled would take messages away from the leader.
     leader_only: list[Any] = [submit_sub, events_sub, cancel_sub]
 
+    def current_message() -> NatsMessage:
+        # Read from the broker's context rather than taken as a `msg: NatsMessage` argument:
+        # fast_depends resolves such context arguments in a worker thread, and a thread hop
+        # per message was a large part of the cost of a submission or a job event.
+        return broker.context.get_local("message")
+
     async def follower_gives_back(msg: NatsMessage) -> bool:
         if scheduler.leading:
             return False
@@ -63,18 +81,32 @@ def build_app(settings: Settings) -> FastStream:
         return True
 
     @submit_sub
-    async def on_submit(event: CloudEvent[JobSubmission], msg: NatsMessage) -> None:
+    async def on_submit(event: CloudEvent[JobSubmission]) -> None:
+        msg = current_message()
         if await follower_gives_back(msg):
             return
         key = (msg.headers or {}).get("Nats-Msg-Id") or event.id
-        if await scheduler.submit(event.data, key) is None:
-            await msg.nack(delay=2.0)  # the registry is down: try again shortly
+        # A child of the submitter's span when it sent a traceparent header, else a new trace.
+        with scheduler.tracer.start_as_current_span(
+            "scheduler.submit",
+            context=context_from_headers(msg.headers),
+            attributes={"swarm.job_id": event.data.job_id or "", "swarm.tenant": event.data.tenant},
+        ):
+            if await scheduler.submit(event.data, key) is None:
+                await msg.nack(delay=2.0)  # the registry is down: try again shortly
 
     @events_sub
-    async def on_job_event(event: JobEventEnvelope, msg: NatsMessage) -> None:
+    async def on_job_event() -> None:
+        msg = current_message()
         if await follower_gives_back(msg):
             return
-        await scheduler.on_job_event(event.data)
+        # Half the events are the scheduler's own (queued, assigned), already in its records:
+        # the subject names the event, so they are dropped before paying for validation
+        # (`queued` carries a whole spec). A malformed event still fails validation here and
+        # is dead-lettered by the broker's middleware.
+        if msg.raw_message.subject.rpartition(".")[2] in OWN_EVENTS:
+            return
+        await scheduler.on_job_event(JobEventEnvelope.model_validate_json(msg.body).data)
 
     @cancel_sub
     async def on_cancel(event: CloudEvent[CancelRequest], msg: NatsMessage) -> None:
@@ -108,6 +140,7 @@ def build_app(settings: Settings) -> FastStream:
         # Streams and buckets must exist before the durable consumers are created.
         await broker.connect()
         await scheduler.prepare()
+        metrics_server.start()
 
     @app.after_startup
     async def start() -> None:
@@ -117,6 +150,10 @@ def build_app(settings: Settings) -> FastStream:
     @app.on_shutdown
     async def stop() -> None:
         await scheduler.stop()
+        metrics_server.stop()
+        tracing.shutdown()
 
     app.context.set_global("scheduler", scheduler)
+    app.context.set_global("tracer_provider", tracing)  # tests add their span exporter to it
+    app.context.set_global("metrics_server", metrics_server)
     return app

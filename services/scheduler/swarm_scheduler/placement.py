@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import bisect
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from swarm_common.jobs import JobRecord, JobSpec, JobState
 from swarm_common.workers import WorkerInfo
@@ -14,8 +16,9 @@ HOLDING = (JobState.assigned, JobState.running)
 GB = 1 << 30
 
 
-@dataclass(frozen=True)
-class Capacity:
+class Capacity(NamedTuple):
+    # A tuple rather than a frozen dataclass: placement makes one per worker per pass, and a
+    # tuple is several times cheaper to build, hash and compare.
     cpus: int
     gpus: int
 
@@ -82,6 +85,59 @@ def free_capacity(worker: WorkerInfo, jobs: Iterable[JobRecord]) -> Capacity:
     return total(worker) - held(jobs).get(worker.worker_id, Capacity(0, 0))
 
 
+class Pool:
+    """The alive workers as placement sees them: by id, their total capacity, and their ids
+    grouped by total capacity (each group sorted).
+
+    The worker table keeps one until a worker comes, goes or changes its resources or labels,
+    so that a placement pass with a thousand workers does not rebuild it from every worker.
+    """
+
+    def __init__(self, workers: Iterable[WorkerInfo]) -> None:
+        self.workers = list(workers)
+        self.by_id = {w.worker_id: w for w in self.workers}
+        self.totals = {w.worker_id: total(w) for w in self.workers}
+        self.groups: dict[Capacity, list[str]] = {}
+        for wid in sorted(self.totals):
+            self.groups.setdefault(self.totals[wid], []).append(wid)
+
+
+class FreeIndex:
+    """Workers grouped by their free capacity, each group sorted by worker id.
+
+    Best fit then looks at each distinct free capacity once instead of at every worker: with a
+    thousand workers and a burst of jobs, a scan per job was most of a placement pass. Built
+    from a ``Pool`` by moving only the workers that hold jobs out of their total's group.
+    """
+
+    def __init__(self, pool: Pool, used: dict[str, Capacity]) -> None:
+        self.free = dict(pool.totals)
+        self.groups = {cap: list(ids) for cap, ids in pool.groups.items()}
+        for wid, u in used.items():
+            if wid in self.free:
+                self.take(wid, u)
+
+    def best_fit(self, need: Capacity, allowed: Callable[[str], bool] | None = None) -> str | None:
+        """Same answer as ``best_fit`` over the allowed workers: least spare room (GPUs
+        first), then the smallest worker id."""
+        for cap in sorted(self.groups, key=lambda c: (c.gpus, c.cpus)):
+            if cap.cpus < need.cpus or cap.gpus < need.gpus:
+                continue
+            for wid in self.groups[cap]:
+                if allowed is None or allowed(wid):
+                    return wid
+        return None
+
+    def take(self, wid: str, need: Capacity) -> None:
+        old = self.free[wid]
+        group = self.groups[old]
+        del group[bisect.bisect_left(group, wid)]
+        if not group:
+            del self.groups[old]
+        new = self.free[wid] = old - need
+        bisect.insort(self.groups.setdefault(new, []), wid)
+
+
 def best_fit(need: Capacity, free: dict[str, Capacity]) -> str | None:
     """The fitting worker left with the least spare room (GPUs first), to limit fragmentation."""
     best: tuple[int, int, str] | None = None
@@ -132,19 +188,23 @@ def _shape(spec: JobSpec) -> tuple[object, ...]:
 
 def plan(
     queued: Iterable[JobRecord],
-    workers: list[WorkerInfo],
+    workers: list[WorkerInfo] | Pool,
     jobs: Iterable[JobRecord],
     tenant_max_running: int = 0,
+    used: dict[str, Capacity] | None = None,
 ) -> Plan:
     """Place queued jobs in fair-share order (see ``queue_policy``) on the best-fitting worker.
 
     ``jobs`` are the records that may hold capacity (at least every assigned or running one).
+    ``used`` is ``held(jobs)`` when the caller keeps it up to date already.
     A job that does not fit is skipped, so a smaller one behind it can still go (backfill).
     """
     jobs = list(jobs)
-    used = held(jobs)
-    free = {w.worker_id: total(w) - used.get(w.worker_id, Capacity(0, 0)) for w in workers}
-    by_id = {w.worker_id: w for w in workers}
+    if used is None:
+        used = held(jobs)
+    pool = workers if isinstance(workers, Pool) else Pool(workers)
+    workers, by_id = pool.workers, pool.by_id
+    index = FreeIndex(pool, used)
     result = Plan([], {})
     # A shape that found no room once in this pass finds none later either: skip the scan.
     full: dict[tuple[object, ...], str] = {}
@@ -160,16 +220,15 @@ def plan(
             simple = not job.spec.resources.labels and not (
                 need.gpus and job.spec.resources.min_gpu_memory_gb
             )
-            candidates = (
-                free if simple else {k: v for k, v in free.items() if eligible(by_id[k], job.spec)}
+            worker_id = index.best_fit(
+                need, None if simple else lambda k, s=job.spec: eligible(by_id[k], s)
             )
-            worker_id = best_fit(need, candidates)
         if worker_id is None:
             if shape not in full:
                 full[shape] = unplaceable_reason(job.spec, workers)
             result.waiting[job.job_id] = full[shape]
             continue
-        free[worker_id] = free[worker_id] - need
+        index.take(worker_id, need)
         queue.served(job)
         result.placements.append((job, worker_id))
     return result

@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable, Iterable
 
 from faststream.nats import NatsBroker
 from nats.js.kv import KV_DEL, KV_PURGE
+from opentelemetry.trace import NoOpTracer, Tracer
 
 from swarm_common.broker import publish_job_event
 from swarm_common.datasets import DatasetInfo
@@ -33,12 +34,15 @@ from swarm_common.records import Conflict, RecordTable
 from swarm_common.settings import Settings
 from swarm_common.subjects import Subjects
 from swarm_common.topology import ensure_topology, kv_bucket
+from swarm_common.tracing import child_span, traceparent
 from swarm_common.workers import Assignment, Heartbeat, WorkerInfo
 from swarm_scheduler.leader import Leadership
 from swarm_scheduler.leases import LeaseClock, overdue
-from swarm_scheduler.placement import HOLDING, plan
+from swarm_scheduler.metrics import SchedulerMetrics
+from swarm_scheduler.parents import resolve_parent
+from swarm_scheduler.placement import HOLDING, Capacity, demand, plan
 from swarm_scheduler.registry_client import RegistryUnavailable, UnknownModel, resolve_model
-from swarm_scheduler.transitions import apply_event, is_stale
+from swarm_scheduler.transitions import apply_event, copy_record, is_stale
 from swarm_scheduler.worker_table import WorkerTable
 
 log = logging.getLogger("swarm.scheduler")
@@ -46,6 +50,7 @@ SERVICE = "scheduler"
 # A worker's KV entry (read by the gateway) is rewritten when it changes, else this often.
 WORKER_KV_REFRESH_S = 5.0
 MODEL_CACHE_S = 2.0
+_NONE = Capacity(0, 0)
 
 
 class Scheduler:
@@ -59,6 +64,9 @@ class Scheduler:
         # The records not yet terminal: what placement and lease checks look at, so that their
         # cost does not grow with the history of finished jobs.
         self.open: dict[str, JobRecord] = {}
+        # worker id -> capacity its assigned and running records hold, kept up to date on
+        # every change of the view, so that a placement pass need not add up every open job.
+        self._held: dict[str, Capacity] = {}
         # job id -> (attempt, monotonic time) of the last heartbeat of its worker listing it.
         self._listed: dict[str, tuple[int, float]] = {}
         self._running_seen: dict[str, float] = {}  # job id -> when this process saw it run
@@ -73,6 +81,9 @@ class Scheduler:
         # Called with True/False as this process gains or loses leadership (the app starts and
         # stops its stream consumers there).
         self.on_leadership: Callable[[bool], object] | None = None
+        # Set by the app (swarm_scheduler.app); no-ops for a bare Scheduler.
+        self.tracer: Tracer = NoOpTracer()
+        self.metrics: SchedulerMetrics | None = None
 
     @property
     def leading(self) -> bool:
@@ -138,8 +149,10 @@ class Scheduler:
     def _apply_watch(self, entry: object) -> None:
         key, revision = entry.key, entry.revision  # type: ignore[attr-defined]
         if entry.operation in (KV_DEL, KV_PURGE) or not entry.value:  # type: ignore[attr-defined]
-            self.records.pop(key, None)
+            gone = self.records.pop(key, None)
             self.open.pop(key, None)
+            if gone is not None:
+                self._hold(gone[0], -1)
             return
         cached = self.records.get(key)
         if cached is None or cached[1] < revision:
@@ -153,6 +166,10 @@ class Scheduler:
             self._store(record, revision)
 
     def _store(self, record: JobRecord, revision: int) -> None:
+        previous = self.records.get(record.job_id)
+        if previous is not None:
+            self._hold(previous[0], -1)
+        self._hold(record, +1)
         self.records[record.job_id] = (record, revision)
         if record.state.terminal:
             self.open.pop(record.job_id, None)
@@ -160,6 +177,18 @@ class Scheduler:
             self._running_seen.pop(record.job_id, None)
         else:
             self.open[record.job_id] = record
+
+    def _hold(self, record: JobRecord, sign: int) -> None:
+        """Add (+1) or take back (-1) what ``record`` holds on its worker."""
+        if not record.worker_id or record.state not in HOLDING:
+            return
+        need = demand(record.spec)
+        prev = self._held.get(record.worker_id, _NONE)
+        now = Capacity(prev.cpus + sign * need.cpus, prev.gpus + sign * need.gpus)
+        if now == _NONE:
+            del self._held[record.worker_id]
+        else:
+            self._held[record.worker_id] = now
 
     async def _watch_loop(self) -> None:
         async for entry in self._watcher:
@@ -180,7 +209,7 @@ class Scheduler:
         # A no-op on the view is re-checked on the bucket, in case the view was behind.
         cached = self.records.get(job_id)
         if cached is not None:
-            new = stamped(cached[0].model_copy(deep=True))
+            new = stamped(copy_record(cached[0]))
             if new is not None:
                 with contextlib.suppress(Conflict):
                     revision = await self.jobs.update(job_id, new, cached[1])
@@ -202,14 +231,21 @@ class Scheduler:
     async def submit(self, submission: JobSubmission, idempotency_key: str) -> JobRecord | None:
         """Create the job record; None when the submission must be retried later."""
         job_id = submission.job_id or job_id_for(submission.tenant, idempotency_key)
-        existing = self.records.get(job_id) or await self.jobs.get(job_id)
+        # The view answers for duplicates; a record it has not seen yet makes the create
+        # below fail, which settles it without a read per submission.
+        existing = self.records.get(job_id)
         if existing is not None:
             log.info("duplicate submission of %s dropped", job_id)
             return existing[0]
 
         record = JobRecord(job_id=job_id, tenant=submission.tenant, spec=submission.spec)
+        record.trace_parent = traceparent()  # the submit span: the job's trace continues from it
         try:
             record.base_model = await self._resolve(submission.spec.base_model)
+            if submission.spec.from_adapter:
+                record.parent, record.spec = await resolve_parent(
+                    self.broker, self.subjects, record.spec, record.tenant, record.base_model
+                )
             await self._check_datasets(record)
         except RegistryUnavailable:
             log.warning("registry unavailable; submission %s will be retried", job_id)
@@ -221,7 +257,7 @@ class Scheduler:
             self._remember(record, await self.jobs.create(job_id, record))
         except Conflict:
             return (await self.jobs.get(job_id) or (record, 0))[0]
-        spec = submission.spec
+        spec = record.spec  # with from_adapter, the LoRA shape is the parent's
         await self._emit(Queued(job_id=job_id, tenant=record.tenant, spec=spec))
         if record.state == JobState.failed:
             await self._emit(Failed(job_id=job_id, reason=record.reason or ""))
@@ -293,7 +329,11 @@ class Scheduler:
         info, fresh = self.workers.heartbeat(heartbeat)
         now = time.monotonic()
         for job in heartbeat.running:
-            self._listed[job.job_id] = (job.attempt, now)
+            # A stale worker (frozen past its lease, then woken) still lists the old attempt
+            # until it notices: it must not hide the current attempt's confirmations.
+            listed = self._listed.get(job.job_id)
+            if listed is None or job.attempt >= listed[0]:
+                self._listed[job.job_id] = (job.attempt, now)
         if fresh:
             log.info("worker %s is alive: %s", info.worker_id, info.resources.model_dump())
             self.wake()
@@ -409,11 +449,13 @@ class Scheduler:
         queued = [j for j in jobs if j.state == JobState.queued and not j.cancel_requested]
         if not queued:
             return
-        result = plan(queued, self.workers.alive(), jobs, self.settings.tenant_max_running)
+        result = plan(
+            queued, self.workers.pool(), jobs, self.settings.tenant_max_running, self._held
+        )
         # The plan already gave each job its own room, so the writes can go out together:
         # each is a compare-and-set on its own record, and one that fails leaves its room
         # unused until the next pass rather than giving it twice.
-        await _gather(self._assign(job.job_id, worker_id) for job, worker_id in result.placements)
+        await _gather(self._place(job.job_id, worker_id) for job, worker_id in result.placements)
         changed = [
             (job_id, reason)
             for job_id, reason in result.waiting.items()
@@ -445,7 +487,7 @@ class Scheduler:
             await self._fail(job_id, "the job's dataset was deleted before it could run")
             return
 
-        new = record.model_copy(deep=True)
+        new = copy_record(record)
         new.state, new.attempt, new.worker_id, new.reason = (
             JobState.assigned,
             record.attempt + 1,
@@ -457,6 +499,8 @@ class Scheduler:
             self._remember(new, await self.jobs.update(job_id, new, revision))
         except Conflict:
             return  # changed under us (cancelled, say); the next pass sees the new record
+        if self.metrics is not None:
+            self.metrics.placed(record)
         assignment = Assignment(
             job_id=job_id,
             attempt=new.attempt,
@@ -466,15 +510,28 @@ class Scheduler:
             base_model=new.base_model,
             dataset=dataset,
             validation=validation,
+            trace_parent=traceparent(),  # the placement span: the trainer continues from it
+            parent=new.parent,
         )
-        await self.broker.publish(
-            envelope(SERVICE, "swarm.worker.assign", assignment, subject=job_id),
-            self.subjects.assign(worker_id),
-            stream=self.subjects.assign_stream,
-            headers={"Nats-Msg-Id": f"{job_id}.{new.attempt}"},
+        # Both publishes go out together, one round trip instead of two. The event is sent
+        # first, so it is on the events stream before the worker can report on the attempt.
+        await asyncio.gather(
+            self._emit(Assigned(job_id=job_id, attempt=new.attempt, worker_id=worker_id)),
+            self.broker.publish(
+                envelope(SERVICE, "swarm.worker.assign", assignment, subject=job_id),
+                self.subjects.assign(worker_id),
+                stream=self.subjects.assign_stream,
+                headers={"Nats-Msg-Id": f"{job_id}.{new.attempt}"},
+            ),
         )
-        await self._emit(Assigned(job_id=job_id, attempt=new.attempt, worker_id=worker_id))
-        log.info("assigned %s attempt %d to %s", job_id, new.attempt, worker_id)
+        log.debug("assigned %s attempt %d to %s", job_id, new.attempt, worker_id)
+
+    async def _place(self, job_id: str, worker_id: str) -> None:
+        """``_assign`` in a span of the job's trace (its record keeps where the trace is)."""
+        record = self.records[job_id][0]
+        attributes = {"swarm.job_id": job_id, "swarm.worker_id": worker_id}
+        with child_span(self.tracer, "scheduler.place", record.trace_parent, **attributes):
+            await self._assign(job_id, worker_id)
 
     async def _fail(self, job_id: str, reason: str) -> None:
         def change(r: JobRecord) -> JobRecord | None:

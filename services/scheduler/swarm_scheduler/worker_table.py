@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from swarm_common.workers import Heartbeat, WorkerInfo
+from swarm_scheduler.placement import Pool
 
 
 @dataclass
@@ -20,11 +21,14 @@ class WorkerTable:
         self.timeout_s = timeout_s
         self.clock = clock
         self._workers: dict[str, _Entry] = {}
+        self._pool: Pool | None = None
 
     def heartbeat(self, hb: Heartbeat) -> tuple[WorkerInfo, bool]:
         """Record a heartbeat; return the worker's info and whether it is new or came back."""
         previous = self._workers.get(hb.worker_id)
-        info = WorkerInfo(
+        # Built without validation: every field comes from the heartbeat, validated on arrival
+        # (hundreds a second with a thousand workers).
+        info = WorkerInfo.model_construct(
             worker_id=hb.worker_id,
             state="alive",
             resources=hb.resources,
@@ -34,10 +38,25 @@ class WorkerTable:
             last_heartbeat=hb.time,
         )
         self._workers[hb.worker_id] = _Entry(info, self.clock())
+        if (
+            previous is None
+            or previous.info.state != "alive"
+            or previous.info.resources != hb.resources
+            or previous.info.labels != hb.labels
+        ):
+            self._pool = None
         return info, previous is None or previous.info.state != "alive"
 
     def alive(self) -> list[WorkerInfo]:
         return [e.info for e in self._workers.values() if e.info.state == "alive"]
+
+    def pool(self) -> Pool:
+        """The alive workers for placement, rebuilt only when one comes, goes or changes its
+        resources or labels. Their other fields (free, running, last heartbeat) may be a
+        heartbeat old: placement reads only resources and labels."""
+        if self._pool is None:
+            self._pool = Pool(self.alive())
+        return self._pool
 
     def is_alive(self, worker_id: str) -> bool:
         entry = self._workers.get(worker_id)
@@ -54,4 +73,11 @@ class WorkerTable:
             if entry.info.state == "alive" and now - entry.seen > self.timeout_s:
                 entry.info = entry.info.model_copy(update={"state": "lost"})
                 lost.append(entry.info)
+                self._pool = None
         return lost
+
+    def count_by_state(self) -> dict[str, int]:
+        counts = {"alive": 0, "lost": 0}
+        for entry in list(self._workers.values()):
+            counts[entry.info.state] = counts.get(entry.info.state, 0) + 1
+        return counts

@@ -14,6 +14,7 @@ import os
 import queue as queue_mod
 import re
 import socket
+import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -22,6 +23,8 @@ from typing import Any
 from faststream.nats import NatsBroker
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
+from opentelemetry import trace
+from opentelemetry.trace import NoOpTracer, Tracer
 from tenacity import (
     AsyncRetrying,
     retry_if_exception_type,
@@ -49,13 +52,17 @@ from swarm_common.settings import Settings
 from swarm_common.store import open_store
 from swarm_common.subjects import Subjects
 from swarm_common.topology import ensure_topology, kv_bucket
+from swarm_common.tracing import trace_headers
 from swarm_common.workers import Assignment, Gpu, Heartbeat, Resources, RunningJob, parse_labels
+from swarm_trainer.job_history import workers_that_ran
+from swarm_trainer.job_trace import JobTrace, note_event
+from swarm_trainer.metrics import TrainerMetrics
 from swarm_trainer.resources import detect_resources
 from swarm_trainer.run import (
     PreflightError,
     RunResult,
     checkpoint_key,
-    committed_checkpoint_step,
+    prepare_resume,
     run_job,
 )
 
@@ -91,8 +98,11 @@ class ActiveJob:
     step: int = 0
     last_checkpoint_step: int | None = None
     cancel_requested: bool = False
+    # The record moved on (requeued, placed again, ended): this run is a stale copy.
+    superseded: bool = False
     started_at: datetime = field(default_factory=utcnow)
     task: asyncio.Task[None] | None = None
+    trace: JobTrace | None = None
 
 
 class TrainerAgent:
@@ -106,6 +116,9 @@ class TrainerAgent:
         self.store = open_store(settings)
         self.active: dict[str, ActiveJob] = {}
         self._heartbeat_task: asyncio.Task[None] | None = None
+        # Set by the app (swarm_trainer.app); no-ops for a bare agent.
+        self.tracer: Tracer = NoOpTracer()
+        self.metrics: TrainerMetrics | None = None
 
     # --- start and stop ------------------------------------------------------------------
 
@@ -208,7 +221,7 @@ class TrainerAgent:
             return False
         active = ActiveJob(job=job)
         self.active[job.job_id] = active
-        active.task = asyncio.create_task(self._run(active))
+        active.task = asyncio.create_task(self._traced_run(active))
         return True
 
     async def cancel(self, request: CancelRequest) -> None:
@@ -231,6 +244,19 @@ class TrainerAgent:
             event,
             msg_id=f"{event.job_id}.{event.attempt}.{event.event}.{step}",
         )
+        note_event(event)
+        if self.metrics is not None:
+            self.metrics.event(event)
+
+    async def _traced_run(self, active: ActiveJob) -> None:
+        """``_run`` with the attempt's span current (see swarm_trainer.job_trace)."""
+        with JobTrace(self.tracer, active.job) as job_trace, trace.use_span(job_trace.job):
+            active.trace = job_trace
+            try:
+                await self._run(active)
+            finally:
+                if self.metrics is not None:
+                    self.metrics.job_ended(active.job.job_id)
 
     async def _run(self, active: ActiveJob) -> None:
         job = active.job
@@ -242,19 +268,31 @@ class TrainerAgent:
             progress, active.control = await asyncio.to_thread(make_channels)
             if active.cancel_requested:  # a cancel that came in while we were setting up
                 await asyncio.to_thread(_ray_get, active.control.cancel.remote())
-            resumed = await asyncio.to_thread(committed_checkpoint_step, self.store, job.job_id)
+            resume = await asyncio.to_thread(prepare_resume, self.store, job.job_id, job.attempt)
+            resumed = resume.step if resume is not None else 0
             active.step = resumed
             await self._emit(Started(**ids, worker_id=self.worker_id, resumed_from_step=resumed))
             fit = asyncio.create_task(
-                asyncio.to_thread(run_job, job, self.settings, self.store, progress, active.control)
+                asyncio.to_thread(
+                    run_job, job, self.settings, self.store, progress, active.control, resume=resume
+                )
             )
+            next_check = time.monotonic() + self.settings.heartbeat_interval_s
             while not fit.done():
+                if time.monotonic() >= next_check:
+                    next_check = time.monotonic() + self.settings.heartbeat_interval_s
+                    await self._stop_if_superseded(active)
                 for message in await asyncio.to_thread(_drain, progress, 0.5):
                     await self._on_progress(active, message)
             for message in await asyncio.to_thread(_drain, progress, 0.0):
                 await self._on_progress(active, message)
             result = fit.result()
-            if active.cancel_requested:
+            await self._stop_if_superseded(active)
+            if active.superseded:
+                # The scheduler already told the job's followers (requeued, ...): a terminal
+                # event from this attempt would only mislead them.
+                log.info("job %s attempt %d superseded; its run stopped", job.job_id, job.attempt)
+            elif active.cancel_requested:
                 await self._emit(Cancelled(**ids, last_checkpoint_step=active.last_checkpoint_step))
             elif result is None:
                 await self._emit(Failed(**ids, reason="training stopped without a result"))
@@ -266,15 +304,54 @@ class TrainerAgent:
             await self._emit(Failed(**ids, reason=str(exc)))
         except Exception as exc:
             log.exception("job %s attempt %d failed", job.job_id, job.attempt)
-            await self._emit(Failed(**ids, reason=readable(exc)))
+            if not active.superseded:
+                await self._emit(Failed(**ids, reason=readable(exc)))
         finally:
             self.active.pop(job.job_id, None)
             if active.control is not None:
                 with contextlib.suppress(Exception):
                     await asyncio.to_thread(_kill_actors, active.control, progress)
 
+    async def _stop_if_superseded(self, active: ActiveJob) -> None:
+        """Cancel our run once the job record no longer gives this attempt to this worker.
+
+        That happens when our lease lapsed (the machine was frozen or cut off) and the
+        scheduler requeued the job; a newer attempt runs elsewhere, and ours only burns a
+        worker. Its late events and its adapter are refused anyway (fenced by attempt)."""
+        if active.superseded:
+            return
+        job = active.job
+        try:
+            found = await self.jobs.get(job.job_id)
+        except Exception:  # cannot tell now (NATS down?): keep going, ask again later
+            log.warning("could not read the record of %s", job.job_id, exc_info=True)
+            return
+        if found is None:
+            return
+        record, _ = found
+        if (
+            record.attempt == job.attempt
+            and record.worker_id == self.worker_id
+            and record.state in (JobState.assigned, JobState.running)
+        ):
+            return
+        log.warning(
+            "job %s attempt %d is now %s#%d on %s: stopping our run",
+            job.job_id,
+            job.attempt,
+            record.state,
+            record.attempt,
+            record.worker_id,
+        )
+        active.superseded = True
+        await self._request_cancel(active, "superseded by the scheduler")
+
     async def _on_progress(self, active: ActiveJob, m: dict[str, Any]) -> None:
         ids = {"job_id": active.job.job_id, "attempt": active.job.attempt}
+        if active.trace is not None:
+            active.trace.observe(m)
+        if self.metrics is not None:
+            self.metrics.observe(active.job.job_id, m)
         kind = m.get("kind")
         if kind == "progress":
             active.step = m["step"]
@@ -287,7 +364,7 @@ class TrainerAgent:
             await self._emit(event, m["step"])
         elif kind == "checkpoint":
             active.last_checkpoint_step = m["step"]
-            key = checkpoint_key(active.job.job_id, m["dir_name"])
+            key = checkpoint_key(active.job.job_id, active.job.attempt, m["dir_name"])
             await self._emit(CheckpointSaved(**ids, step=m["step"], store_key=key), m["step"])
 
     async def _finish(self, active: ActiveJob, result: RunResult) -> None:
@@ -308,14 +385,23 @@ class TrainerAgent:
             dataset=job.dataset.id,
             dataset_digest=job.dataset.sha256,
             validation_dataset=job.validation.id if job.validation else None,
+            validation_digest=job.validation.sha256 if job.validation else None,
             lora=job.spec.lora,
             training=job.spec.training,
             metrics=metrics,
             eval_history=m.get("eval_history", []),
             best_step=m.get("best_step"),
             worker_id=self.worker_id,
+            worker_ids=await workers_that_ran(
+                self.broker.connection.jetstream(),
+                self.subjects,
+                job.job_id,
+                job.attempt,
+                self.worker_id,
+            ),
             started_at=active.started_at,
             finished_at=utcnow(),
+            parent=job.parent.ref if job.parent else None,
         )
         version = await self.register(
             RegisterAdapter(name=job.spec.name, store_key=result.adapter_key, lineage=lineage)
@@ -329,6 +415,11 @@ class TrainerAgent:
 
     async def register(self, request: RegisterAdapter) -> AdapterVersion:
         """Ask the registry for a version; retried while it is unreachable (idempotent per job)."""
+        attributes = {"swarm.job_id": request.lineage.job_id, "swarm.adapter": request.name}
+        with self.tracer.start_as_current_span("trainer.register", attributes=attributes):
+            return await self._register(request)
+
+    async def _register(self, request: RegisterAdapter) -> AdapterVersion:
         async for attempt in AsyncRetrying(
             stop=stop_after_delay(REGISTER_TIMEOUT_S),
             wait=wait_exponential(multiplier=0.5, max=5),
@@ -337,7 +428,10 @@ class TrainerAgent:
         ):
             with attempt:
                 response = await self.broker.request(
-                    request, self.subjects.registry("adapters.register"), timeout=10.0
+                    request,
+                    self.subjects.registry("adapters.register"),
+                    timeout=10.0,
+                    headers=trace_headers(),  # the registry's spans join the job's trace
                 )
         reply = Reply[AdapterVersion].model_validate_json(response.body)
         if not reply.ok or reply.result is None:

@@ -11,17 +11,33 @@ from faststream.nats import JStream, PullSub
 from swarm_common.broker import make_broker
 from swarm_common.envelope import CloudEvent
 from swarm_common.events import CancelRequest
+from swarm_common.prometheus import MetricsServer
 from swarm_common.registry import ExportAdapter, ExportResult, Reply
 from swarm_common.settings import Settings
+from swarm_common.tracing import setup_tracing, tracer_of
 from swarm_common.workers import Assignment
 from swarm_trainer.agent import SERVICE, TrainerAgent, readable
 from swarm_trainer.export import export_registered
+from swarm_trainer.metrics import TrainerMetrics
 
 
 def build_app(settings: Settings) -> FastStream:
     broker = make_broker(settings, SERVICE)
     agent = TrainerAgent(settings, broker)
     subjects = agent.subjects
+    # Observability: the job's trace (swarm_trainer.job_trace) and Prometheus /metrics.
+    tracing = setup_tracing(settings, SERVICE)
+    agent.tracer = tracer_of(tracing, SERVICE)
+    agent.metrics = metrics = TrainerMetrics(lambda: len(agent.active))
+    broker.add_middleware(metrics.messages)
+    metrics_server = MetricsServer(settings, metrics.registry, SERVICE)
+
+    async def start_metrics() -> None:
+        metrics_server.start()
+
+    async def stop_observability() -> None:
+        metrics_server.stop()
+        tracing.shutdown()  # flushes the spans of the attempts just ended
 
     @broker.subscriber(
         subjects.assign(agent.worker_id),
@@ -50,9 +66,12 @@ def build_app(settings: Settings) -> FastStream:
     app = FastStream(
         broker,
         on_startup=[agent.prepare],
-        after_startup=[agent.start],
+        after_startup=[agent.start, start_metrics],
         on_shutdown=[agent.stop],
+        after_shutdown=[stop_observability],
     )
+    app.context.set_global("tracer_provider", tracing)  # tests add their span exporter to it
+    app.context.set_global("metrics_server", metrics_server)
     app.agent = agent  # type: ignore[attr-defined]  # for tests and introspection
     return app
 

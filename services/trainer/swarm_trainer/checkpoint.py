@@ -9,6 +9,9 @@ checkpoint directory and records it as committed only once all ranks have report
 from __future__ import annotations
 
 import json
+import tempfile
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +31,14 @@ STATE_FILE = "trainer_state.json"
 # (and before deleting old ones); a checkpoint directory it does not list was never
 # committed, e.g. a worker died while uploading it, and ``get_checkpoint`` never returns it.
 SNAPSHOT_FILE = "checkpoint_manager_snapshot.json"
+SNAPSHOT_READ_TRIES = 10
+# Written last into a resume copy: the copy is complete and was committed when copied.
+RESUME_MARKER = "swarm_resume.json"
+RESUME_TRIES = 5
+
+
+class CheckpointError(RuntimeError):
+    pass
 
 
 def checkpoint_dir_name(step: int) -> str:
@@ -98,13 +109,94 @@ def load_best_adapter(directory: Path) -> dict[str, torch.Tensor] | None:
     return load_file(path) if path.exists() else None
 
 
-def committed_checkpoint_step(store: ObjectStore, job_id: str) -> int:
-    """The step a new attempt of ``job_id`` resumes from: Ray's latest committed checkpoint
-    (run directory ``checkpoints/<job_id>``), never a directory that merely exists."""
+def run_name(attempt: int) -> str:
+    return f"attempt-{attempt}"
+
+
+def run_key(job_id: str, attempt: int) -> str:
+    """Ray Train run storage of one attempt. One run per attempt: an attempt that lost its lease
+    but wakes up (a frozen machine) can only checkpoint into, and prune, its own run."""
+    return join_key("checkpoints", job_id, run_name(attempt))
+
+
+def resume_key(job_id: str, attempt: int) -> str:
+    """This attempt's own copy of the checkpoint it starts from, which no other run prunes."""
+    return join_key("checkpoints", job_id, f"attempt-{attempt}-resume")
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    step: int
+    key: str  # the store prefix of a complete checkpoint directory
+
+
+def _snapshot(store: ObjectStore, job_id: str, attempt: int) -> dict[str, Any]:
+    key = join_key(run_key(job_id, attempt), SNAPSHOT_FILE)
+    for _ in range(SNAPSHOT_READ_TRIES):
+        try:
+            return json.loads(store.get_bytes(key))
+        except NotFound:
+            return {}
+        except ValueError:
+            # Ray rewrites the file in place (truncate, write): caught mid-write, read again.
+            time.sleep(0.2)
+    raise CheckpointError(f"{key}: unreadable")
+
+
+def _latest(snapshot: dict[str, Any]) -> str | None:
+    name = (snapshot.get("latest_checkpoint_result") or {}).get("checkpoint_dir_name") or ""
+    return name if name.startswith("checkpoint_") else None
+
+
+def _listed(snapshot: dict[str, Any], dir_name: str) -> bool:
+    results = snapshot.get("checkpoint_results") or []
+    return dir_name == _latest(snapshot) or any(
+        r.get("checkpoint_dir_name") == dir_name for r in results
+    )
+
+
+def _step(dir_name: str) -> int:
+    return int(dir_name.rsplit("_", 1)[-1])
+
+
+def committed_checkpoint_step(store: ObjectStore, job_id: str, attempt: int) -> int:
+    """The step of the latest checkpoint ``attempt``'s run committed (0: none), from Ray's
+    snapshot: a directory that merely exists may be a half-written upload."""
+    name = _latest(_snapshot(store, job_id, attempt))
+    return _step(name) if name else 0
+
+
+def prepare_resume(store: ObjectStore, job_id: str, attempt: int) -> ResumePoint | None:
+    """Where ``attempt`` starts: the latest checkpoint any earlier attempt committed, copied to
+    ``resume_key`` first (idempotent). The copy counts only if the source is still listed after
+    it is complete: Ray drops a checkpoint from its snapshot before deleting its files, so an
+    earlier attempt still running (frozen, then woken up) cannot prune it under us."""
+    target = resume_key(job_id, attempt)
     try:
-        snapshot = json.loads(store.get_bytes(join_key("checkpoints", job_id, SNAPSHOT_FILE)))
+        marker = json.loads(store.get_bytes(join_key(target, RESUME_MARKER)))
+        return ResumePoint(step=int(marker["step"]), key=target)
     except NotFound:
-        return 0
-    latest = snapshot.get("latest_checkpoint_result") or {}
-    name = latest.get("checkpoint_dir_name") or ""
-    return int(name.rsplit("_", 1)[-1]) if name.startswith("checkpoint_") else 0
+        pass
+    for _ in range(RESUME_TRIES):
+        candidates = []
+        for earlier in range(1, attempt):
+            name = _latest(_snapshot(store, job_id, earlier))
+            if name is not None:
+                candidates.append((_step(name), earlier, name))
+        if not candidates:
+            return None
+        # The furthest step; of equal ones the newest attempt, the least likely to be stale.
+        step, source_attempt, name = max(candidates)
+        source = join_key(run_key(job_id, source_attempt), name)
+        store.delete_prefix(target + "/")
+        with tempfile.TemporaryDirectory() as tmp:
+            try:
+                store.download_dir(source, Path(tmp))
+            except NotFound:
+                continue  # pruned while we looked: pick again
+            store.upload_dir(Path(tmp), target)
+        if _listed(_snapshot(store, job_id, source_attempt), name):
+            marker = {"step": step, "source": source}
+            store.put_bytes(join_key(target, RESUME_MARKER), json.dumps(marker).encode())
+            return ResumePoint(step=step, key=target)
+    raise CheckpointError(f"{job_id}: checkpoints keep vanishing while copied for a resume")

@@ -60,6 +60,11 @@ class Batch:
     tokens: int  # real (non-pad) tokens: what tokens/s counts
     sources: list[int]
 
+    @property
+    def targets(self) -> int:
+        """Tokens the loss is taken on (the model predicts position i + 1 from i)."""
+        return int((self.inputs["labels"][:, 1:] != IGNORE_INDEX).sum())
+
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     records: list[dict[str, Any]] = []

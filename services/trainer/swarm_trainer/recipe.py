@@ -44,6 +44,7 @@ from swarm_trainer.checkpoint import (
     committed_checkpoint_step,
     load_best_adapter,
     load_checkpoint,
+    run_key,
     save_adapter,
     save_checkpoint,
 )
@@ -56,6 +57,7 @@ from swarm_trainer.data import (
     split_holdout,
     tokenize,
 )
+from swarm_trainer.parent_adapter import fetch_parent, load_parent
 from swarm_trainer.rng import load_rng, save_rng
 
 RESULT_FILE = "result.json"
@@ -86,12 +88,19 @@ def lr_lambda(warmup_steps: int, max_steps: int, floor: float = 0.1) -> Any:
     return factor
 
 
-def build_model(model_dir: Path, lora: LoraSpec, training: TrainingSpec) -> PeftModel:
-    """Base model (safetensors only) with a fresh LoRA adapter on top."""
+def build_model(
+    model_dir: Path, lora: LoraSpec, training: TrainingSpec, parent_dir: Path | None = None
+) -> PeftModel:
+    """Base model (safetensors only) with a LoRA adapter on top: a fresh one, or the parent
+    adapter in ``parent_dir`` when the job continues training (``from_adapter``)."""
     base = AutoModelForCausalLM.from_pretrained(model_dir, use_safetensors=True)
     if training.gradient_checkpointing:
         # Non-reentrant checkpointing works with frozen inputs (LoRA) and under DDP.
-        base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        base.activation_checkpointing_enable(
+            activation_checkpointing_kwargs={"use_reentrant": False}
+        )
+    if parent_dir is not None:
+        return load_parent(base, parent_dir, lora.dropout)
     config = LoraConfig(
         r=lora.r,
         lora_alpha=lora.alpha,
@@ -162,8 +171,10 @@ class Reporter:
         if self.queue is None:
             return
         # Progress is advisory: dropping one when the queue is full never loses state.
+        # ``at`` (wall clock here) lets the agent place the phases in the job's trace.
+        message = {"kind": kind, "at": time.time(), **fields}
         with contextlib.suppress(Full):
-            self.queue.put({"kind": kind, **fields}, block=kind != "progress", timeout=10)
+            self.queue.put(message, block=kind != "progress", timeout=10)
 
     def cancelled(self, device: torch.device) -> bool:
         """Rank 0 reads the flag and every rank gets its answer, so all stop on one step."""
@@ -192,8 +203,14 @@ def train_step(
     device: torch.device,
     bf16: bool = False,
 ) -> StepResult:
-    """Forward/backward every micro-batch, then clip, step and advance the schedule."""
+    """Forward/backward every micro-batch, then clip, step and advance the schedule.
+
+    The loss is the mean over every target token of the step, not a mean of micro-batch
+    means: then accumulating k micro-batches is the same step as one batch k times larger,
+    whatever the completions' lengths (chat and prompt/completion data vary a lot).
+    """
     result = StepResult(loss=0.0, tokens=0)
+    targets = sum(batch.targets for batch in batches)
     for micro, batch in enumerate(batches):
         inputs = {k: v.to(device) for k, v in batch.inputs.items()}
         # Gradients are only exchanged on the last micro-batch of a step.
@@ -201,9 +218,12 @@ def train_step(
         sync = nullcontext() if last or not hasattr(model, "no_sync") else model.no_sync()
         with sync, autocast(bf16):
             # No KV cache in training; with one, transformers ignores packed position_ids.
-            loss = model(**inputs, use_cache=False).loss
-            (loss / len(batches)).backward()
-        result.loss += float(loss.detach()) / len(batches)
+            # num_items_in_batch makes the model's loss sum(token losses) / targets of the step.
+            loss = model(
+                **inputs, use_cache=False, num_items_in_batch=torch.tensor(targets, device=device)
+            ).loss
+            loss.backward()
+        result.loss += float(loss.detach())
         result.tokens += batch.tokens
         result.sources += batch.sources
     torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
@@ -241,7 +261,7 @@ def checkpoint_dir(work: Path) -> Iterator[Path]:
 
 
 def crash_hook(
-    hooks: dict[str, Any], step: int, rank: int, store: ObjectStore, job_id: str
+    hooks: dict[str, Any], step: int, rank: int, store: ObjectStore, job: Assignment
 ) -> None:
     """Test-only: kill this worker process once before ``crash_before_step``, leaving behind a
     partial checkpoint directory as a crash in the middle of an upload would."""
@@ -254,10 +274,14 @@ def crash_hook(
     # wait until the last one is committed, so the test knows which step must be resumed.
     last = step - step % int(hooks["checkpoint_every"])
     deadline = time.monotonic() + 30
-    while committed_checkpoint_step(store, job_id) < last and time.monotonic() < deadline:
+    while (
+        committed_checkpoint_step(store, job.job_id, job.attempt) < last
+        and time.monotonic() < deadline
+    ):
         time.sleep(0.1)
     Path(marker).write_text(str(step))
-    partial = join_key("checkpoints", job_id, checkpoint_dir_name(step), ADAPTER_FILE)
+    run = run_key(job.job_id, job.attempt)
+    partial = join_key(run, checkpoint_dir_name(step), ADAPTER_FILE)
     store.put_bytes(partial, b"half-written")
     os._exit(1)
 
@@ -286,8 +310,11 @@ def train_loop(config: dict[str, Any]) -> None:
         pad_id = tokenizer.pad_token_id
         if pad_id is None:
             pad_id = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else 0
+        # Continuing training starts from the parent adapter's weights (a resumed attempt
+        # then overwrites them with its checkpoint's, below).
+        parent_dir = fetch_parent(store, job.parent, work / "parent") if job.parent else None
         # DDP (when world > 1) broadcasts rank 0's initial weights, so all ranks start equal.
-        model = ray.train.torch.prepare_model(build_model(model_dir, spec.lora, t))
+        model = ray.train.torch.prepare_model(build_model(model_dir, spec.lora, t, parent_dir))
         peft_model = unwrap(model)
 
         # Data: held-out split before sharding, so every rank agrees on what is validation;
@@ -318,9 +345,10 @@ def train_loop(config: dict[str, Any]) -> None:
             optimizer, lr_lambda(t.warmup_steps, t.max_steps)
         )
 
-        # Resume from the latest *committed* checkpoint (Ray hands out only those): weights,
-        # optimizer, schedule, this rank's RNG streams and the data position, so the run
-        # continues exactly as if it had never stopped.
+        # Resume from the latest *committed* checkpoint: this attempt's own (Ray hands out only
+        # those) after a retry, else the one an earlier attempt committed (the run's copy of
+        # it, see ``checkpoint.prepare_resume``). Weights, optimizer, schedule, this rank's RNG
+        # streams and the data position, so the run continues as if it had never stopped.
         state: dict[str, Any] = {
             "step": 0,
             "data_index": 0,
@@ -329,7 +357,7 @@ def train_loop(config: dict[str, Any]) -> None:
             "best": None,
         }
         best_weights: dict[str, torch.Tensor] | None = None
-        checkpoint = ray.train.get_checkpoint()
+        checkpoint = ray.train.get_checkpoint() or config.get("resume_from")
         if checkpoint is not None:
             with checkpoint.as_directory() as d:
                 state = load_checkpoint(Path(d), peft_model, optimizer, scheduler)
@@ -343,7 +371,7 @@ def train_loop(config: dict[str, Any]) -> None:
         step = start_step
         seen: list[int] = []
         while step < t.max_steps:
-            crash_hook(hooks, step, rank, store, job.job_id)
+            crash_hook(hooks, step, rank, store, job)
             if reporter.cancelled(device):
                 reporter.send("cancelled", step=step)
                 return
@@ -364,23 +392,29 @@ def train_loop(config: dict[str, Any]) -> None:
                 lr=lr,
                 tokens_per_s=out.tokens * world / max(elapsed, 1e-9),
                 elapsed_s=time.monotonic() - started,
+                step_s=elapsed,
             )
 
             metrics: dict[str, Any] = {"step": step, "loss": out.loss}
             if has_eval and (step % t.eval_every == 0 or step == t.max_steps):
+                eval_start = time.monotonic()
                 eval_loss, ppl = evaluate(peft_model, val_batches, device, bf16)
+                eval_s = time.monotonic() - eval_start
                 entry = {"step": step, "eval_loss": eval_loss, "perplexity": ppl}
                 state["eval_history"].append(entry)
                 # The adapter a job registers is its best by eval loss, not its last.
                 if state["best"] is None or eval_loss < state["best"]["eval_loss"]:
                     state["best"], best_weights = entry, adapter_weights(peft_model)
                 metrics |= {"eval_loss": eval_loss, "perplexity": ppl}
-                reporter.send("validated", step=step, eval_loss=eval_loss, perplexity=ppl)
+                reporter.send(
+                    "validated", step=step, eval_loss=eval_loss, perplexity=ppl, eval_s=eval_s
+                )
 
             if step % t.checkpoint_every == 0 or step == t.max_steps:
                 # Every rank calls report (it is a barrier) with its RNG state; rank 0 adds the
                 # rest. Ray copies all ranks' files into one directory and commits it only
                 # after every rank has reported.
+                upload_start = time.monotonic()
                 with checkpoint_dir(work) as tmp:
                     if rank == 0:
                         save_checkpoint(tmp, peft_model, optimizer, scheduler, state, best_weights)
@@ -390,7 +424,12 @@ def train_loop(config: dict[str, Any]) -> None:
                         checkpoint=ray.train.Checkpoint.from_directory(tmp),
                         checkpoint_dir_name=checkpoint_dir_name(step),
                     )
-                reporter.send("checkpoint", step=step, dir_name=checkpoint_dir_name(step))
+                reporter.send(
+                    "checkpoint",
+                    step=step,
+                    dir_name=checkpoint_dir_name(step),
+                    upload_s=time.monotonic() - upload_start,
+                )
 
         final_digest = digest(adapter_weights(peft_model))
         if hooks.get("trace_dir"):
@@ -400,6 +439,7 @@ def train_loop(config: dict[str, Any]) -> None:
         # The final adapter goes straight to the store from rank 0, which may be on another
         # node than the agent; the agent only reads the small result file.
         if rank == 0:
+            save_start = time.monotonic()
             if best_weights is not None:
                 set_adapter_weights(peft_model, best_weights)
             out_dir = work / "adapter"
@@ -419,6 +459,6 @@ def train_loop(config: dict[str, Any]) -> None:
                 result["perplexity"] = state["best"]["perplexity"]
                 result["last_eval_loss"] = state["eval_history"][-1]["eval_loss"]
             store.put_bytes(join_key(prefix, RESULT_FILE), json.dumps(result).encode())
-            reporter.send("finished", **result)
+            reporter.send("finished", save_s=time.monotonic() - save_start, **result)
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -7,16 +7,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+from ray.train import Checkpoint, CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 
 from swarm_common.settings import Settings
 from swarm_common.store import NotFound, ObjectStore, join_key
 from swarm_common.workers import Assignment
-from swarm_trainer.checkpoint import committed_checkpoint_step
+from swarm_trainer.checkpoint import (
+    ResumePoint,
+    committed_checkpoint_step,
+    prepare_resume,
+    run_key,
+    run_name,
+)
+from swarm_trainer.parent_adapter import missing_parent_files
 from swarm_trainer.recipe import RESULT_FILE, output_prefix, train_loop
 
-__all__ = ["committed_checkpoint_step", "run_job"]
+__all__ = ["committed_checkpoint_step", "prepare_resume", "run_job"]
 
 
 # Ray restarts a crashed training worker this many times, resuming from the last
@@ -34,8 +41,8 @@ class RunResult:
     metrics: dict[str, Any]
 
 
-def checkpoint_key(job_id: str, dir_name: str) -> str:
-    return join_key("checkpoints", job_id, dir_name)
+def checkpoint_key(job_id: str, attempt: int, dir_name: str) -> str:
+    return join_key(run_key(job_id, attempt), dir_name)
 
 
 def preflight(job: Assignment, store: ObjectStore) -> None:
@@ -54,6 +61,10 @@ def preflight(job: Assignment, store: ObjectStore) -> None:
     for info in (job.dataset, job.validation):
         if info is not None and not store.exists(info.store_key):
             raise PreflightError(f"dataset {info.id}: {info.store_key!r} missing in the store")
+    if job.parent is not None and (missing := missing_parent_files(store, job.parent)):
+        raise PreflightError(
+            f"from_adapter {job.parent.ref}: {', '.join(missing)} missing in the store"
+        )
     resources = job.spec.resources
     if resources.gpus_per_worker == 0 and job.spec.training.precision == "bf16":
         # Honest failure beats silently training in another precision than asked.
@@ -78,13 +89,23 @@ def run_job(
     control: Any | None = None,
     max_failures: int = DEFAULT_MAX_FAILURES,
     hooks: dict[str, Any] | None = None,
+    resume: ResumePoint | None = None,
 ) -> RunResult | None:
     """Train ``job`` to the end; None when it was cancelled (``control`` said so).
 
+    ``resume``: what ``prepare_resume`` answered for this attempt (looked up when not given).
     ``hooks`` is test-only instrumentation for the loop (see ``recipe.crash_hook``)."""
     preflight(job, store)
     resources = job.spec.resources
-    storage_path, storage_fs = store.ray_storage("checkpoints")
+    if resume is None:
+        resume = prepare_resume(store, job.job_id, job.attempt)
+    resume_from = None
+    if resume is not None:
+        # Ray Train v2 dropped TorchTrainer(resume_from_checkpoint=...): the loop takes it from
+        # its config when its own run has no checkpoint yet (a retry resumes from the latter).
+        path, fs = store.ray_storage(resume.key)
+        resume_from = Checkpoint(path=path, filesystem=fs)
+    storage_path, storage_fs = store.ray_storage(join_key("checkpoints", job.job_id))
     work_dir = Path(settings.work_dir).resolve()
     work_dir.mkdir(parents=True, exist_ok=True)
     trainer = TorchTrainer(
@@ -96,6 +117,7 @@ def run_job(
             "control": control,
             "work_dir": str(work_dir),
             "hooks": hooks or {},
+            "resume_from": resume_from,
         },
         scaling_config=ScalingConfig(
             num_workers=resources.workers,
@@ -106,9 +128,9 @@ def run_job(
             },
         ),
         run_config=RunConfig(
-            # One run name per job, across attempts: a new attempt finds the previous one's
-            # checkpoints in the same place and resumes from the latest.
-            name=job.job_id,
+            # One run per attempt (see checkpoint.run_key); Ray's own retries within it
+            # resume from its latest checkpoint.
+            name=run_name(job.attempt),
             storage_path=storage_path,
             storage_filesystem=storage_fs,
             failure_config=FailureConfig(max_failures=max_failures),

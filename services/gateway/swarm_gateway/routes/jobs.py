@@ -22,6 +22,8 @@ from swarm_common.envelope import envelope
 from swarm_common.events import TERMINAL_EVENTS, CancelRequest
 from swarm_common.jobs import JobRecord, JobSpec, JobState, JobSubmission, job_id_for
 from swarm_common.metrics import GetJobMetrics, JobMetrics
+from swarm_common.registry import AdapterVersion, GetAdapter
+from swarm_common.tracing import trace_headers
 from swarm_gateway.auth import Caller, Principal, Tenant
 from swarm_gateway.errors import field_error
 from swarm_gateway.nats_api import call
@@ -56,6 +58,37 @@ async def _check_datasets(gw: Gateway, tenant: str, spec: JobSpec) -> None:
             )
 
 
+async def _check_parent(gw: Gateway, tenant: str, spec: JobSpec) -> None:
+    """Refuse at once a ``from_adapter`` that is unknown, another tenant's, or trained on
+    another base model. The scheduler checks again when it pins the versions (which also
+    covers jobs submitted over NATS, and a base model named without a version)."""
+    if spec.from_adapter is None:
+        return
+    request = GetAdapter(name=spec.from_adapter, tenant=tenant)
+    try:
+        parent = await call(
+            gw, "registry", gw.subjects.registry("adapters.get"), request, AdapterVersion
+        )
+    except HTTPException as exc:
+        if exc.status_code != status.HTTP_404_NOT_FOUND:
+            raise
+        raise field_error(
+            422,
+            ["body", "from_adapter"],
+            f"adapter {spec.from_adapter} not found for tenant {tenant}",
+            "not_found",
+        ) from exc
+    model, _, version = spec.base_model.partition("@")
+    trained_on = (parent.lineage.base_model, parent.lineage.base_model_version)
+    if trained_on[0] != model or (version and int(version) != trained_on[1]):
+        raise field_error(
+            422,
+            ["body", "from_adapter"],
+            f"adapter {spec.from_adapter} was trained on {trained_on[0]}@{trained_on[1]}, "
+            f"not on {spec.base_model}",
+        )
+
+
 @router.post(
     "",
     status_code=status.HTTP_201_CREATED,
@@ -72,6 +105,7 @@ async def submit_job(
     idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
 ) -> JSONResponse:
     await _check_datasets(gw, tenant, spec)
+    await _check_parent(gw, tenant, spec)
     job_id = job_id_for(tenant, idempotency_key or uuid.uuid4().hex)
     existing = await gw.jobs.get(job_id)
     if existing is not None:
@@ -79,13 +113,16 @@ async def submit_job(
 
     submission = JobSubmission(spec=spec, tenant=tenant, job_id=job_id)
     event = envelope("gateway", "swarm.job.submit", submission, subject=job_id)
-    # Nats-Msg-Id = job id: a retried POST (same key) is dropped by the stream itself.
-    await gw.js.publish(
-        gw.subjects.submit,
-        event.model_dump_json().encode(),
-        stream=gw.subjects.submit_stream,
-        headers={"Nats-Msg-Id": job_id, "content-type": "application/json"},
-    )
+    # The job's trace starts here; the scheduler continues it from the traceparent header.
+    attributes = {"swarm.job_id": job_id, "swarm.tenant": tenant}
+    with gw.tracer.start_as_current_span("gateway.submit", attributes=attributes):
+        # Nats-Msg-Id = job id: a retried POST (same key) is dropped by the stream itself.
+        await gw.js.publish(
+            gw.subjects.submit,
+            event.model_dump_json().encode(),
+            stream=gw.subjects.submit_stream,
+            headers={"Nats-Msg-Id": job_id, "content-type": "application/json", **trace_headers()},
+        )
     if gw.metrics is not None:
         gw.metrics.submissions.inc()
 

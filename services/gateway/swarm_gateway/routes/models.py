@@ -14,7 +14,7 @@ from pydantic import BaseModel
 from swarm_common.jobs import NAME_PATTERN
 from swarm_common.registry import GetModel, ModelVersion, RegisterModel
 from swarm_common.store import join_key, tree_digest
-from swarm_gateway.auth import Tenant
+from swarm_gateway.auth import Admin, Tenant
 from swarm_gateway.errors import field_error
 from swarm_gateway.nats_api import call
 from swarm_gateway.state import Gateway, get_gateway
@@ -45,11 +45,17 @@ def _check_file_name(name: str | None, index: int) -> str:
     return name
 
 
-@router.post("", status_code=status.HTTP_201_CREATED, response_model=ModelVersion)
+@router.post(
+    "",
+    status_code=status.HTTP_201_CREATED,
+    response_model=ModelVersion,
+    responses={403: {"description": "not an admin key"}},
+)
 async def add_model(
     request: Request,
     gw: GW,
-    _tenant: Tenant,
+    # The base-model catalog is shared by every tenant, so only the operator curates it.
+    _admin: Admin,
     name: Annotated[str, Form(pattern=NAME_PATTERN, description="registry model name")],
     files: Annotated[list[UploadFile], File(description="config.json, *.safetensors, tokenizer")],
 ) -> ModelVersion:

@@ -1,0 +1,113 @@
+"""Prometheus for the services without an HTTP API of their own (scheduler, registry, trainer):
+a ``/metrics`` server per app, and NATS message rates and durations from FastStream.
+
+Every app has its own ``CollectorRegistry``, so several apps in one process (tests) never
+collide. Names follow Prometheus conventions: ``swarm_<service>_…``, base units, ``_total``
+counters, and no job ids in labels (subjects are reduced to their templates).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from typing import Any
+
+from faststream.nats.prometheus.provider import (
+    NatsMetricsSettingsProvider,
+    settings_provider_factory,
+)
+from faststream.prometheus import ConsumeAttrs
+from faststream.prometheus.middleware import PrometheusMiddleware
+from prometheus_client import CollectorRegistry, start_http_server
+
+from swarm_common.settings import Settings
+
+log = logging.getLogger(__name__)
+
+# Subject tokens that name one job, worker or adapter: unbounded, so never a label value.
+_VARIABLE_AFTER = {"jobs": "job", "workers": "worker", "adapters": "name"}
+_FIXED = {"submit"}
+
+
+def subject_template(subject: str) -> str:
+    """``swarm.jobs.job-1a2b.events.progress`` -> ``swarm.jobs.{job}.events.progress``."""
+    tokens = subject.split(".")
+    if "registry" in tokens or "trainer" in tokens:
+        return subject  # request/reply APIs: a fixed set of subjects
+    for i in range(len(tokens) - 1):
+        placeholder = _VARIABLE_AFTER.get(tokens[i])
+        nxt = tokens[i + 1]
+        if placeholder and nxt not in _FIXED and nxt not in ("*", ">") and i + 2 < len(tokens):
+            tokens[i + 1] = "{" + placeholder + "}"
+    # Inbox replies (request/reply) carry a random token each.
+    return re.sub(r"^_INBOX\..*", "_INBOX", ".".join(tokens))
+
+
+class _TemplatedProvider(NatsMetricsSettingsProvider):
+    def get_consume_attrs_from_message(self, msg: Any) -> ConsumeAttrs:
+        attrs = super().get_consume_attrs_from_message(msg)
+        attrs["destination_name"] = subject_template(attrs["destination_name"])
+        return attrs
+
+    def get_publish_destination_name_from_cmd(self, cmd: Any) -> str:
+        return subject_template(super().get_publish_destination_name_from_cmd(cmd))
+
+
+def _templated_provider_factory(msg: Any) -> Any:
+    provider = settings_provider_factory(msg)
+    # Batches (unused by Swarm) keep FastStream's own provider.
+    return _TemplatedProvider() if isinstance(provider, NatsMetricsSettingsProvider) else provider
+
+
+def nats_metrics_middleware(registry: CollectorRegistry, service: str) -> PrometheusMiddleware:
+    """FastStream's Prometheus middleware, named ``swarm_<service>_received_messages_total``,
+    ``…_received_processed_messages_duration_seconds``, ``…_published_messages_total`` etc.,
+    labelled by subject template rather than subject."""
+    return PrometheusMiddleware(
+        settings_provider_factory=_templated_provider_factory,
+        registry=registry,
+        app_name=service,
+        metrics_prefix=f"swarm_{service}",
+    )
+
+
+class MetricsServer:
+    """``/metrics`` for one registry on ``SWARM_METRICS_HOST:SWARM_METRICS_PORT``.
+
+    No port configured (the default) serves nothing; port 0 takes a free one (``self.port``
+    says which, and it is logged). A port already in use is logged, not fatal: metrics are
+    not worth refusing to run for.
+    """
+
+    def __init__(self, settings: Settings, registry: CollectorRegistry, service: str) -> None:
+        self.host = settings.metrics_host
+        self.port = settings.metrics_port
+        self.registry = registry
+        self.service = service
+        self._server: Any = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        if self.port is None or self._server is not None:
+            return
+        try:
+            self._server, self._thread = start_http_server(
+                self.port, addr=self.host, registry=self.registry
+            )
+        except OSError as exc:
+            log.warning(
+                "%s: cannot serve /metrics on %s:%s: %s", self.service, self.host, self.port, exc
+            )
+            return
+        self.port = self._server.server_port
+        log.info("%s serves /metrics on http://%s:%d/metrics", self.service, self.host, self.port)
+
+    def stop(self) -> None:
+        if self._server is None:
+            return
+        self._server.shutdown()
+        self._server.server_close()
+        if self._thread is not None:
+            self._thread.join(5)
+        self._server = self._thread = None
