@@ -22,6 +22,9 @@ from rich.console import Console
 from swarm_common.settings import Settings
 
 SERVICES = ("gateway", "scheduler", "trainer", "registry", "telemetry")
+# Services without an HTTP API of their own serve /metrics on consecutive ports from here.
+METRICS_SERVICES = ("scheduler", "registry", "trainer")
+METRICS_PORT_BASE = 9101
 NATS_INSTALL_HINT = (
     "nats-server was not found on PATH. Install it (Debian/Ubuntu: `sudo apt-get install "
     "nats-server`, or download from https://github.com/nats-io/nats-server/releases) and retry."
@@ -83,6 +86,11 @@ class LocalStack:
         self.gateway_host = self.settings.gateway_host
         self.gateway_port = free_port() if free_ports else self.settings.gateway_port
         self.telemetry_port = free_port() if free_ports else self.settings.telemetry_port
+        # /metrics of the services without an HTTP API: one port each, as they share the env.
+        self.metrics_ports = {
+            svc: free_port() if free_ports else METRICS_PORT_BASE + i
+            for i, svc in enumerate(METRICS_SERVICES)
+        }
         self.nats_proc: subprocess.Popen[bytes] | None = None
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self._logs: list[IO[bytes]] = []
@@ -174,9 +182,12 @@ class LocalStack:
             )
             return
         # Own session: Ctrl-C in the terminal reaches only us, and we stop services in order.
+        env = self.env()
+        if svc in self.metrics_ports:
+            env["SWARM_METRICS_PORT"] = str(self.metrics_ports[svc])
         self.procs[svc] = subprocess.Popen(
             [sys.executable, "-m", module],
-            env=self.env(),
+            env=env,
             stdout=self._open_log(svc),
             stderr=subprocess.STDOUT,
             cwd=self.root.parent,

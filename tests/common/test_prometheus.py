@@ -123,3 +123,40 @@ async def test_metric_names_follow_prometheus_conventions(settings: Settings) ->
         "swarm_gateway_requests",
         "swarm_telemetry_events",
     } <= names
+
+
+def test_the_otlp_bridge_exports_what_metrics_serves() -> None:
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    from prometheus_client import Counter, Gauge, Histogram
+
+    from swarm_common.prometheus import OtlpBridge
+
+    registry = CollectorRegistry()
+    placed = Counter("swarm_test_placements_total", "placements", ["priority"], registry=registry)
+    depth = Gauge("swarm_test_queue_depth", "queued jobs", registry=registry)
+    latency = Histogram("swarm_test_latency_seconds", "latency", registry=registry)
+    reader = InMemoryMetricReader()
+    bridge = OtlpBridge(registry, "test", reader)
+    placed.labels(priority="5").inc(3)
+    depth.set(7)
+    latency.observe(0.25)
+    latency.observe(0.5)
+
+    points = {
+        (metric.name, tuple(sorted(point.attributes.items()))): point.value
+        for resource in reader.get_metrics_data().resource_metrics
+        for scope in resource.scope_metrics
+        for metric in scope.metrics
+        for point in metric.data.data_points
+    }
+    assert points == {
+        ("swarm_test_placements_total", (("priority", "5"),)): 3.0,
+        ("swarm_test_queue_depth", ()): 7.0,
+        ("swarm_test_latency_seconds_count", ()): 2.0,
+        ("swarm_test_latency_seconds_sum", ()): 0.75,
+    }
+    # Read at collection time: later changes show up in the next export.
+    depth.set(2)
+    later = reader.get_metrics_data().resource_metrics[0].scope_metrics[0].metrics
+    assert {m.name: m.data.data_points[0].value for m in later}["swarm_test_queue_depth"] == 2.0
+    bridge.shutdown()

@@ -49,6 +49,8 @@ def stack(nats_server: NatsServer, tmp_path_factory: pytest.TempPathFactory) -> 
             "SWARM_WORKER_ID": "e2e-worker",
         },
     )
+    # Other stacks of the session (dashboard tests) may hold the default metrics ports.
+    local.metrics_ports = {svc: free_port() for svc in local.metrics_ports}
     with local:
         client = Client(base_url=local.gateway_url)
         model_dir = create_tiny_model(root / "tiny-llama")

@@ -1,5 +1,6 @@
 """Prometheus for the services without an HTTP API of their own (scheduler, registry, trainer):
-a ``/metrics`` server per app, and NATS message rates and durations from FastStream.
+a ``/metrics`` server per app, NATS message rates and durations from FastStream, and the same
+numbers over OTLP when ``SWARM_OTEL_EXPORTER`` asks for it.
 
 Every app has its own ``CollectorRegistry``, so several apps in one process (tests) never
 collide. Names follow Prometheus conventions: ``swarm_<service>_…``, base units, ``_total``
@@ -19,6 +20,15 @@ from faststream.nats.prometheus.provider import (
 )
 from faststream.prometheus import ConsumeAttrs
 from faststream.prometheus.middleware import PrometheusMiddleware
+from opentelemetry.metrics import CallbackOptions, Observation
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import (
+    ConsoleMetricExporter,
+    MetricExporter,
+    MetricReader,
+    PeriodicExportingMetricReader,
+)
+from opentelemetry.sdk.resources import Resource
 from prometheus_client import CollectorRegistry, start_http_server
 
 from swarm_common.settings import Settings
@@ -72,6 +82,80 @@ def nats_metrics_middleware(registry: CollectorRegistry, service: str) -> Promet
     )
 
 
+OTLP_EXPORT_INTERVAL_MS = 10_000
+
+
+def metric_exporter_for(settings: Settings) -> MetricExporter | None:
+    """The OpenTelemetry metric exporter ``SWARM_OTEL_EXPORTER`` asks for (none: None)."""
+    if settings.otel_exporter == "console":
+        return ConsoleMetricExporter()
+    if settings.otel_exporter == "otlp":
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+
+        endpoint = settings.otel_endpoint
+        # SWARM_OTEL_ENDPOINT names the collector; the HTTP exporter wants the metrics path.
+        if endpoint and not endpoint.rstrip("/").endswith("/v1/metrics"):
+            endpoint = endpoint.rstrip("/") + "/v1/metrics"
+        return OTLPMetricExporter(endpoint=endpoint)
+    return None
+
+
+class OtlpBridge:
+    """The numbers ``/metrics`` serves, pushed over OpenTelemetry as well.
+
+    One registry stays the source of truth: each Prometheus family becomes an observable
+    instrument that reads the registry when the reader collects (counters as monotonic sums
+    named ``…_total``, gauges as gauges, histograms as their ``_count`` and ``_sum``; OTel has
+    no way to observe pre-bucketed histograms). Families registered after start are not
+    exported: every Swarm service registers its metrics when its app is built.
+    """
+
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        service: str,
+        reader: MetricReader,
+    ) -> None:
+        self.registry = registry
+        self.provider = MeterProvider(
+            resource=Resource.create({"service.name": f"swarm-{service}"}),
+            metric_readers=[reader],
+        )
+        meter = self.provider.get_meter(f"swarm_{service}")
+        for family in registry.collect():
+            if family.type == "counter":
+                meter.create_observable_counter(
+                    family.name + "_total",
+                    [self._reader(family.name + "_total")],
+                    description=family.documentation,
+                )
+            elif family.type == "gauge":
+                meter.create_observable_gauge(
+                    family.name, [self._reader(family.name)], description=family.documentation
+                )
+            elif family.type in ("histogram", "summary"):
+                for part in ("_count", "_sum"):
+                    meter.create_observable_counter(
+                        family.name + part,
+                        [self._reader(family.name + part)],
+                        description=family.documentation,
+                    )
+
+    def _reader(self, sample_name: str) -> Any:
+        def observe(_: CallbackOptions) -> list[Observation]:
+            return [
+                Observation(sample.value, dict(sample.labels))
+                for family in self.registry.collect()
+                for sample in family.samples
+                if sample.name == sample_name
+            ]
+
+        return observe
+
+    def shutdown(self) -> None:
+        self.provider.shutdown()
+
+
 class MetricsServer:
     """``/metrics`` for one registry on ``SWARM_METRICS_HOST:SWARM_METRICS_PORT``.
 
@@ -87,8 +171,17 @@ class MetricsServer:
         self.service = service
         self._server: Any = None
         self._thread: threading.Thread | None = None
+        exporter = metric_exporter_for(settings)
+        self._otlp_reader: MetricReader | None = (
+            PeriodicExportingMetricReader(exporter, export_interval_millis=OTLP_EXPORT_INTERVAL_MS)
+            if exporter is not None
+            else None
+        )
+        self.otlp: OtlpBridge | None = None
 
     def start(self) -> None:
+        if self._otlp_reader is not None and self.otlp is None:
+            self.otlp = OtlpBridge(self.registry, self.service, self._otlp_reader)
         if self.port is None or self._server is not None:
             return
         try:
@@ -104,6 +197,9 @@ class MetricsServer:
         log.info("%s serves /metrics on http://%s:%d/metrics", self.service, self.host, self.port)
 
     def stop(self) -> None:
+        if self.otlp is not None:
+            self.otlp.shutdown()
+            self.otlp = None
         if self._server is None:
             return
         self._server.shutdown()

@@ -3,38 +3,21 @@
 from __future__ import annotations
 
 from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import (
-    ConsoleMetricExporter,
-    MetricExporter,
-    PeriodicExportingMetricReader,
-)
+from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
 
 from swarm_common.events import JobEvent, Progress, Validated
+from swarm_common.prometheus import metric_exporter_for
 from swarm_common.settings import Settings
 
 EXPORT_INTERVAL_MS = 10_000
-
-
-def exporter_for(settings: Settings) -> MetricExporter | None:
-    if settings.otel_exporter == "console":
-        return ConsoleMetricExporter()
-    if settings.otel_exporter == "otlp":
-        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
-
-        endpoint = settings.otel_endpoint
-        # SWARM_OTEL_ENDPOINT names the collector; the HTTP exporter wants the metrics path.
-        if endpoint and not endpoint.rstrip("/").endswith("/v1/metrics"):
-            endpoint = endpoint.rstrip("/") + "/v1/metrics"
-        return OTLPMetricExporter(endpoint=endpoint)
-    return None
 
 
 class OtelMetrics:
     """A provider of its own rather than the global one, so it can be shut down with the app."""
 
     def __init__(self, settings: Settings) -> None:
-        exporter = exporter_for(settings)
+        exporter = metric_exporter_for(settings)
         readers = (
             [PeriodicExportingMetricReader(exporter, export_interval_millis=EXPORT_INTERVAL_MS)]
             if exporter
