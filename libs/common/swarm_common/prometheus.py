@@ -92,11 +92,7 @@ def metric_exporter_for(settings: Settings) -> MetricExporter | None:
     if settings.otel_exporter == "otlp":
         from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
 
-        endpoint = settings.otel_endpoint
-        # SWARM_OTEL_ENDPOINT names the collector; the HTTP exporter wants the metrics path.
-        if endpoint and not endpoint.rstrip("/").endswith("/v1/metrics"):
-            endpoint = endpoint.rstrip("/") + "/v1/metrics"
-        return OTLPMetricExporter(endpoint=endpoint)
+        return OTLPMetricExporter(endpoint=settings.otlp_url("metrics"))
     return None
 
 

@@ -48,6 +48,14 @@ class Lineage(BaseModel):
         default=None, description="the adapter training continued from, as name@version"
     )
 
+    def base_model_mismatch(self, name: str, version: int | None = None) -> str | None:
+        """``trained on <model>@<version>`` when training cannot continue from this adapter
+        on base model ``name[@version]`` (a LoRA fits only the weights it was trained on);
+        None when it can."""
+        if self.base_model == name and version in (None, self.base_model_version):
+            return None
+        return f"trained on {self.base_model}@{self.base_model_version}"
+
 
 class AdapterVersion(BaseModel):
     name: str

@@ -72,6 +72,14 @@ class Settings(BaseSettings):
     otel_exporter: str = Field(default="none", pattern=r"^(none|console|otlp)$")
     otel_endpoint: str | None = None
 
+    def otlp_url(self, signal: str) -> str | None:
+        """SWARM_OTEL_ENDPOINT names the collector; the OTLP/HTTP exporters want the path of
+        the signal (``traces``, ``metrics``) on it."""
+        if not self.otel_endpoint:
+            return None
+        base = self.otel_endpoint.rstrip("/")
+        return base if base.endswith(f"/v1/{signal}") else f"{base}/v1/{signal}"
+
     # Prometheus /metrics of the scheduler, registry and trainer (the gateway and telemetry
     # serve it on their HTTP port). Unset: no metrics server; 0: a free port, logged.
     metrics_host: str = "127.0.0.1"

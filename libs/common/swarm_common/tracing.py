@@ -35,11 +35,7 @@ def span_exporter_for(settings: Settings) -> SpanExporter | None:
     if settings.otel_exporter == "otlp":
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-        endpoint = settings.otel_endpoint
-        # SWARM_OTEL_ENDPOINT names the collector; the HTTP exporter wants the traces path.
-        if endpoint and not endpoint.rstrip("/").endswith("/v1/traces"):
-            endpoint = endpoint.rstrip("/") + "/v1/traces"
-        return OTLPSpanExporter(endpoint=endpoint)
+        return OTLPSpanExporter(endpoint=settings.otlp_url("traces"))
     return None
 
 

@@ -96,17 +96,13 @@ def build_app(settings: Settings) -> FastStream:
                 await msg.nack(delay=2.0)  # the registry is down: try again shortly
 
     @events_sub
-    async def on_job_event() -> None:
+    async def on_job_event(event: JobEventEnvelope) -> None:
         msg = current_message()
         if await follower_gives_back(msg):
             return
-        # Half the events are the scheduler's own (queued, assigned), already in its records:
-        # the subject names the event, so they are dropped before paying for validation
-        # (`queued` carries a whole spec). A malformed event still fails validation here and
-        # is dead-lettered by the broker's middleware.
-        if msg.raw_message.subject.rpartition(".")[2] in OWN_EVENTS:
-            return
-        await scheduler.on_job_event(JobEventEnvelope.model_validate_json(msg.body).data)
+        # The scheduler's own events (queued, assigned, requeued) are already in its records.
+        if event.data.event not in OWN_EVENTS:
+            await scheduler.on_job_event(event.data)
 
     @cancel_sub
     async def on_cancel(event: CloudEvent[CancelRequest], msg: NatsMessage) -> None:

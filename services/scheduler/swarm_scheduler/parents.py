@@ -8,13 +8,11 @@ An alias (``bot@production``) is resolved here, once: the job and its lineage na
 from __future__ import annotations
 
 from faststream.nats import NatsBroker
-from nats.errors import NoRespondersError
-from nats.errors import TimeoutError as NatsTimeout
 
 from swarm_common.jobs import JobSpec, ModelRef, ParentAdapter
-from swarm_common.registry import AdapterVersion, GetAdapter, Reply
+from swarm_common.registry import AdapterVersion, GetAdapter
 from swarm_common.subjects import Subjects
-from swarm_scheduler.registry_client import RegistryUnavailable
+from swarm_scheduler.registry_client import ask_registry
 
 
 class UnusableParent(LookupError):
@@ -27,23 +25,17 @@ async def resolve_parent(
     """The pinned parent, and the spec the job runs with: its LoRA shape is the parent's."""
     assert spec.from_adapter is not None
     ref = spec.from_adapter
-    try:
-        response = await broker.request(
-            GetAdapter(name=ref, tenant=tenant), subjects.registry("adapters.get"), timeout=5.0
-        )
-    except (NoRespondersError, NatsTimeout, TimeoutError) as exc:
-        raise RegistryUnavailable("the registry did not answer") from exc
-    reply = Reply[AdapterVersion].model_validate_json(response.body)
+    request = GetAdapter(name=ref, tenant=tenant)
+    reply = await ask_registry(broker, subjects, "adapters.get", request, AdapterVersion)
     if not reply.ok or reply.result is None:
         raise UnusableParent(
             f"from_adapter {ref!r}: {reply.error or 'unknown adapter'} for tenant {tenant!r}"
         )
     found = reply.result
-    lineage = found.lineage
-    if (lineage.base_model, lineage.base_model_version) != (base_model.name, base_model.version):
+    mismatch = found.lineage.base_model_mismatch(base_model.name, base_model.version)
+    if mismatch is not None:
         raise UnusableParent(
-            f"from_adapter {ref!r} was trained on {lineage.base_model}@"
-            f"{lineage.base_model_version}, not on the job's base model "
+            f"from_adapter {ref!r} was {mismatch}, not on the job's base model "
             f"{base_model.name}@{base_model.version}"
         )
     parent = ParentAdapter(

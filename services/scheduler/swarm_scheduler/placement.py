@@ -106,20 +106,29 @@ class FreeIndex:
     """Workers grouped by their free capacity, each group sorted by worker id.
 
     Best fit then looks at each distinct free capacity once instead of at every worker: with a
-    thousand workers and a burst of jobs, a scan per job was most of a placement pass. Built
-    from a ``Pool`` by moving only the workers that hold jobs out of their total's group.
+    thousand workers and a burst of jobs, a scan per job was most of a placement pass.
     """
 
-    def __init__(self, pool: Pool, used: dict[str, Capacity]) -> None:
-        self.free = dict(pool.totals)
-        self.groups = {cap: list(ids) for cap, ids in pool.groups.items()}
+    def __init__(self, free: dict[str, Capacity]) -> None:
+        self.free = dict(free)
+        self.groups: dict[Capacity, list[str]] = {}
+        for wid in sorted(self.free):
+            self.groups.setdefault(self.free[wid], []).append(wid)
+
+    @classmethod
+    def of_pool(cls, pool: Pool, used: dict[str, Capacity]) -> FreeIndex:
+        """From a ``Pool``'s groups, moving only the workers that hold jobs."""
+        index = cls.__new__(cls)
+        index.free = dict(pool.totals)
+        index.groups = {cap: list(ids) for cap, ids in pool.groups.items()}
         for wid, u in used.items():
-            if wid in self.free:
-                self.take(wid, u)
+            if wid in index.free:
+                index.take(wid, u)
+        return index
 
     def best_fit(self, need: Capacity, allowed: Callable[[str], bool] | None = None) -> str | None:
-        """Same answer as ``best_fit`` over the allowed workers: least spare room (GPUs
-        first), then the smallest worker id."""
+        """The allowed fitting worker left with the least spare room (GPUs first, to limit
+        fragmentation), then the smallest worker id."""
         for cap in sorted(self.groups, key=lambda c: (c.gpus, c.cpus)):
             if cap.cpus < need.cpus or cap.gpus < need.gpus:
                 continue
@@ -140,13 +149,7 @@ class FreeIndex:
 
 def best_fit(need: Capacity, free: dict[str, Capacity]) -> str | None:
     """The fitting worker left with the least spare room (GPUs first), to limit fragmentation."""
-    best: tuple[int, int, str] | None = None
-    for wid, f in free.items():
-        if f.cpus >= need.cpus and f.gpus >= need.gpus:
-            key = (f.gpus - need.gpus, f.cpus - need.cpus, wid)
-            if best is None or key < best:
-                best = key
-    return best[2] if best else None
+    return FreeIndex(free).best_fit(need)
 
 
 def _labels_text(labels: dict[str, str]) -> str:
@@ -204,7 +207,7 @@ def plan(
         used = held(jobs)
     pool = workers if isinstance(workers, Pool) else Pool(workers)
     workers, by_id = pool.workers, pool.by_id
-    index = FreeIndex(pool, used)
+    index = FreeIndex.of_pool(pool, used)
     result = Plan([], {})
     # A shape that found no room once in this pass finds none later either: skip the scan.
     full: dict[tuple[object, ...], str] = {}

@@ -528,9 +528,10 @@ class Scheduler:
 
     async def _place(self, job_id: str, worker_id: str) -> None:
         """``_assign`` in a span of the job's trace (its record keeps where the trace is)."""
-        record = self.records[job_id][0]
+        cached = self.records.get(job_id)  # gone if the record was deleted since the plan
+        parent = cached[0].trace_parent if cached else None
         attributes = {"swarm.job_id": job_id, "swarm.worker_id": worker_id}
-        with child_span(self.tracer, "scheduler.place", record.trace_parent, **attributes):
+        with child_span(self.tracer, "scheduler.place", parent, **attributes):
             await self._assign(job_id, worker_id)
 
     async def _fail(self, job_id: str, reason: str) -> None:

@@ -79,13 +79,12 @@ async def _check_parent(gw: Gateway, tenant: str, spec: JobSpec) -> None:
             "not_found",
         ) from exc
     model, _, version = spec.base_model.partition("@")
-    trained_on = (parent.lineage.base_model, parent.lineage.base_model_version)
-    if trained_on[0] != model or (version and int(version) != trained_on[1]):
+    mismatch = parent.lineage.base_model_mismatch(model, int(version) if version else None)
+    if mismatch is not None:
         raise field_error(
             422,
             ["body", "from_adapter"],
-            f"adapter {spec.from_adapter} was trained on {trained_on[0]}@{trained_on[1]}, "
-            f"not on {spec.base_model}",
+            f"adapter {spec.from_adapter} was {mismatch}, not on {spec.base_model}",
         )
 
 
