@@ -160,3 +160,13 @@ def test_the_otlp_bridge_exports_what_metrics_serves() -> None:
     later = reader.get_metrics_data().resource_metrics[0].scope_metrics[0].metrics
     assert {m.name: m.data.data_points[0].value for m in later}["swarm_test_queue_depth"] == 2.0
     bridge.shutdown()
+
+
+def test_otlp_bridge_only_when_an_exporter_is_configured() -> None:
+    from swarm_common.prometheus import OtlpBridge, otlp_bridge
+
+    registry = CollectorRegistry()
+    assert otlp_bridge(Settings(), registry, "test") is None
+    bridge = otlp_bridge(Settings(otel_exporter="console"), registry, "test")
+    assert isinstance(bridge, OtlpBridge)
+    bridge.shutdown()

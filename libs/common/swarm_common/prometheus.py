@@ -152,6 +152,16 @@ class OtlpBridge:
         self.provider.shutdown()
 
 
+def otlp_bridge(settings: Settings, registry: CollectorRegistry, service: str) -> OtlpBridge | None:
+    """An ``OtlpBridge`` exporting every ``OTLP_EXPORT_INTERVAL_MS`` when ``SWARM_OTEL_EXPORTER``
+    asks for one; None otherwise."""
+    exporter = metric_exporter_for(settings)
+    if exporter is None:
+        return None
+    reader = PeriodicExportingMetricReader(exporter, export_interval_millis=OTLP_EXPORT_INTERVAL_MS)
+    return OtlpBridge(registry, service, reader)
+
+
 class MetricsServer:
     """``/metrics`` for one registry on ``SWARM_METRICS_HOST:SWARM_METRICS_PORT``.
 
@@ -167,17 +177,12 @@ class MetricsServer:
         self.service = service
         self._server: Any = None
         self._thread: threading.Thread | None = None
-        exporter = metric_exporter_for(settings)
-        self._otlp_reader: MetricReader | None = (
-            PeriodicExportingMetricReader(exporter, export_interval_millis=OTLP_EXPORT_INTERVAL_MS)
-            if exporter is not None
-            else None
-        )
+        self.settings = settings
         self.otlp: OtlpBridge | None = None
 
     def start(self) -> None:
-        if self._otlp_reader is not None and self.otlp is None:
-            self.otlp = OtlpBridge(self.registry, self.service, self._otlp_reader)
+        if self.otlp is None:
+            self.otlp = otlp_bridge(self.settings, self.registry, self.service)
         if self.port is None or self._server is not None:
             return
         try:

@@ -15,6 +15,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from swarm_common.broker import make_broker
 from swarm_common.datasets import DatasetInfo
 from swarm_common.jobs import JobRecord
+from swarm_common.prometheus import otlp_bridge
 from swarm_common.records import RecordTable
 from swarm_common.settings import Settings
 from swarm_common.store import open_store
@@ -65,11 +66,14 @@ def create_app(
             tracer=tracer_of(tracing, "gateway"),
         )
         log.info("gateway connected to %s (namespace %r)", settings.nats_url, settings.namespace)
+        otlp = otlp_bridge(settings, metrics.registry, "gateway")
         try:
             yield
         finally:
             await broker.stop()
             tracing.shutdown()
+            if otlp is not None:
+                otlp.shutdown()
 
     app = FastAPI(
         title="Swarm gateway",
