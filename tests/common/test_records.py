@@ -169,3 +169,20 @@ async def test_keys_and_all(table: RecordTable[Counter]) -> None:
     await table.delete("b")
     assert sorted(await table.keys()) == ["a", "c"]
     assert sorted(c.name for c in await table.all()) == ["a", "c"]
+
+
+async def test_keys_of_a_bucket_larger_than_one_pull_while_it_changes(
+    table: RecordTable[Counter],
+) -> None:
+    from swarm_common.records import KEYS_BATCH
+
+    names = [f"k{i:04d}" for i in range(KEYS_BATCH + 50)]
+    await asyncio.gather(*(table.put(n, Counter(name=n)) for n in names))
+
+    async def churn() -> None:
+        # Rewrites during the listing supersede messages the consumer was going to deliver.
+        for n in names[:200]:
+            await table.put(n, Counter(name=n, value=1))
+
+    listed, _ = await asyncio.gather(table.keys(), churn())
+    assert sorted(listed) == names

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
@@ -11,6 +12,7 @@ from nats.js.kv import KV_DEL, KV_OP, KV_PURGE, KeyValue
 from pydantic import BaseModel
 
 M = TypeVar("M", bound=BaseModel)
+KEYS_BATCH = 1024
 
 
 class Conflict(Exception):
@@ -74,16 +76,16 @@ class RecordTable(Generic[M]):
         await self.kv.delete(key)
 
     async def keys(self) -> list[str]:
-        """The live keys (deleted and purged ones left out).
+        """The live keys (deleted and purged ones left out), as the bucket is now.
 
         Not nats-py's ``kv.keys()``: its push watcher can signal "no more keys" before the
-        messages already on the wire are handled, and so answer ``[]`` for a full bucket. A
-        pull consumer delivers nothing until asked, so its pending count is exact.
+        messages already on the wire are handled, and so answer ``[]`` for a full bucket.
+        Here an ephemeral pull consumer (last message per key, headers only) is asked with
+        ``no_wait`` pull requests: the server sends what it has and then a 404/408 status,
+        which ends the listing exactly, whatever was written meanwhile.
         """
         # KeyValue keeps its JetStream context, stream and subject prefix private.
         js, stream, prefix = self.kv._js, self.kv._stream, self.kv._pre
-        # The create reply already holds the pending count; the server drops the consumer
-        # once idle, so listing keys costs two JetStream API calls and the fetches.
         info = await js.add_consumer(
             stream,
             ConsumerConfig(
@@ -93,20 +95,28 @@ class RecordTable(Generic[M]):
                 ack_policy=AckPolicy.NONE,
                 headers_only=True,
                 mem_storage=True,
+                # The server drops it once idle: no delete call per listing.
                 inactive_threshold=5.0,
             ),
         )
-        pending, keys = info.num_pending, []
-        if not pending:
-            return keys
-        sub = await js.pull_subscribe_bind(consumer=info.name, stream=stream)
+        # key -> live; a key written again during the listing comes twice, the last one wins.
+        live: dict[str, bool] = {}
+        if not info.num_pending:
+            return []
+        nc = js._nc
+        inbox = nc.new_inbox()
+        sub = await nc.subscribe(inbox)
+        next_subject = f"{js._prefix}.CONSUMER.MSG.NEXT.{stream}.{info.name}"
         try:
-            while pending:
-                for msg in await sub.fetch(batch=min(pending, 1024), timeout=10):
-                    if (msg.headers or {}).get(KV_OP) not in (KV_DEL, KV_PURGE):
-                        keys.append(msg.subject[len(prefix) :])
-                    pending = msg.metadata.num_pending
-            return keys
+            while True:
+                request = {"batch": KEYS_BATCH, "no_wait": True}
+                await nc.publish(next_subject, json.dumps(request).encode(), reply=inbox)
+                for _ in range(KEYS_BATCH):
+                    msg = await sub.next_msg(timeout=10)
+                    headers = msg.headers or {}
+                    if headers.get("Status"):  # 404 no messages / 408: nothing more now
+                        return [key for key, alive in live.items() if alive]
+                    live[msg.subject[len(prefix) :]] = headers.get(KV_OP) not in (KV_DEL, KV_PURGE)
         finally:
             await sub.unsubscribe()
 
