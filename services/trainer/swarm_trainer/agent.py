@@ -64,6 +64,7 @@ from swarm_trainer.run import (
     checkpoint_key,
     prepare_resume,
     run_job,
+    wait_committed,
 )
 
 log = logging.getLogger("swarm.trainer")
@@ -363,9 +364,16 @@ class TrainerAgent:
             )
             await self._emit(event, m["step"])
         elif kind == "checkpoint":
-            active.last_checkpoint_step = m["step"]
-            key = checkpoint_key(active.job.job_id, active.job.attempt, m["dir_name"])
-            await self._emit(CheckpointSaved(**ids, step=m["step"], store_key=key), m["step"])
+            # Announced once committed: whoever reads the event may count on resuming from it.
+            job, step = active.job, m["step"]
+            if not await asyncio.to_thread(
+                wait_committed, self.store, job.job_id, job.attempt, step
+            ):
+                log.warning("checkpoint %d of %s was not committed in time", step, job.job_id)
+                return
+            active.last_checkpoint_step = step
+            key = checkpoint_key(job.job_id, job.attempt, m["dir_name"])
+            await self._emit(CheckpointSaved(**ids, step=step, store_key=key), step)
 
     async def _finish(self, active: ActiveJob, result: RunResult) -> None:
         job = active.job

@@ -166,6 +166,20 @@ def committed_checkpoint_step(store: ObjectStore, job_id: str, attempt: int) -> 
     return _step(name) if name else 0
 
 
+def wait_committed(
+    store: ObjectStore, job_id: str, attempt: int, step: int, timeout_s: float = 60.0
+) -> bool:
+    """Until ``attempt``'s run has committed a checkpoint at ``step`` or later. Ray registers a
+    reported checkpoint asynchronously (its controller polls the workers), so ``report``
+    returning does not mean a new attempt could resume from it yet."""
+    deadline = time.monotonic() + timeout_s
+    while committed_checkpoint_step(store, job_id, attempt) < step:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
 def prepare_resume(store: ObjectStore, job_id: str, attempt: int) -> ResumePoint | None:
     """Where ``attempt`` starts: the latest checkpoint any earlier attempt committed, copied to
     ``resume_key`` first (idempotent). The copy counts only if the source is still listed after

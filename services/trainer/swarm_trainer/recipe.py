@@ -41,12 +41,12 @@ from swarm_common.workers import Assignment
 from swarm_trainer.checkpoint import (
     ADAPTER_FILE,
     checkpoint_dir_name,
-    committed_checkpoint_step,
     load_best_adapter,
     load_checkpoint,
     run_key,
     save_adapter,
     save_checkpoint,
+    wait_committed,
 )
 from swarm_trainer.data import (
     Batch,
@@ -270,15 +270,8 @@ def crash_hook(
         return
     if os.path.exists(marker):
         return  # the retried run must get past this point
-    # Ray registers a reported checkpoint asynchronously (its controller polls the workers):
-    # wait until the last one is committed, so the test knows which step must be resumed.
-    last = step - step % int(hooks["checkpoint_every"])
-    deadline = time.monotonic() + 30
-    while (
-        committed_checkpoint_step(store, job.job_id, job.attempt) < last
-        and time.monotonic() < deadline
-    ):
-        time.sleep(0.1)
+    # Wait until the last checkpoint is committed, so the test knows which step is resumed.
+    wait_committed(store, job.job_id, job.attempt, step - step % int(hooks["checkpoint_every"]))
     Path(marker).write_text(str(step))
     run = run_key(job.job_id, job.attempt)
     partial = join_key(run, checkpoint_dir_name(step), ADAPTER_FILE)

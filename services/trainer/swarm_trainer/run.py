@@ -19,11 +19,12 @@ from swarm_trainer.checkpoint import (
     prepare_resume,
     run_key,
     run_name,
+    wait_committed,
 )
 from swarm_trainer.parent_adapter import missing_parent_files
 from swarm_trainer.recipe import RESULT_FILE, output_prefix, train_loop
 
-__all__ = ["committed_checkpoint_step", "prepare_resume", "run_job"]
+__all__ = ["committed_checkpoint_step", "prepare_resume", "run_job", "wait_committed"]
 
 
 # Ray restarts a crashed training worker this many times, resuming from the last
