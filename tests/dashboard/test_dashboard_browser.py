@@ -86,6 +86,8 @@ def test_the_dashboard_draws_a_running_jobs_loss_curve_as_it_grows(
         return "selected" in (d.find_element(By.CSS_SELECTOR, row_css).get_attribute("class") or "")
 
     until(browser, click_row)
+    # The title follows once the page has fetched the job.
+    until(browser, lambda d: job.job_id in d.find_element(By.ID, "job-title").text)
     assert job.job_id in browser.find_element(By.ID, "job-title").text
 
     # The curve gains points while the job runs: two readings, the second larger.
