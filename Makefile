@@ -59,3 +59,4 @@ asyncapi: setup
 # Not part of `make test`: a few minutes of CPU; results go to docs/performance.md.
 bench: setup
 	$(PY) bench/train_throughput.py
+	$(PY) bench/scheduler.py --workers 100 1000 --burst 2000 --seconds 10 --repeat 5

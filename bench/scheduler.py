@@ -9,7 +9,7 @@ simulated workers from this process (each heartbeats every 2 s and answers an as
 * steady: submit→assigned latency (publish of the submission → the assignment arriving at the
   worker) at a fixed submission rate.
 
-    .venv/bin/python bench/scheduler.py --workers 100 1000 --burst 2000 --rate 100 --seconds 10
+    .venv/bin/python bench/scheduler.py --workers 100 1000 --burst 2000 --seconds 10 --repeat 5
 """
 
 from __future__ import annotations
@@ -384,35 +384,60 @@ async def run(
     }
 
 
+def _row(r: dict, label: str) -> str:
+    cpu = r["cpu"]
+    return (
+        f"| {label} | {r['workers']} | {r['placements_s']:.0f} | {cpu['scheduler']:.2f} / "
+        f"{cpu['nats']:.2f} / {cpu['registry']:.2f} / {cpu['bench']:.2f} | "
+        f"{r['p50']:.1f} / {r['p99']:.1f} (n={r['n']}) | "
+        f"{r['floor_p50']:.2f} / {r['floor_p99']:.2f} | "
+        f"{r['p50'] / r['floor_p50']:.0f}x / {r['p99'] / r['floor_p99']:.0f}x |"
+    )
+
+
+def _median(rows: list[dict]) -> dict:
+    """Each number's median over the runs (the machine's speed moves from run to run)."""
+
+    def med(key: str) -> float:
+        return statistics.median(r[key] for r in rows)
+
+    out = {k: med(k) for k in ("placements_s", "p50", "p99", "n", "floor_p50", "floor_p99")}
+    out["n"] = int(out["n"])
+    out["workers"] = rows[0]["workers"]
+    out["cpu"] = {k: statistics.median(r["cpu"][k] for r in rows) for k in rows[0]["cpu"]}
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, nargs="+", default=[100, 1000])
     parser.add_argument("--burst", type=int, default=2000)
     parser.add_argument("--rate", type=float, default=100.0)
     parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--repeat", type=int, default=1, help="runs per worker count (median)")
     parser.add_argument(
         "--profile", type=Path, help="write py-spy profiles of the services into this folder"
     )
     args = parser.parse_args()
-    rows = [
-        asyncio.run(run(n, args.burst, args.rate, args.seconds, args.profile)) for n in args.workers
-    ]
+    runs = {
+        n: [
+            asyncio.run(run(n, args.burst, args.rate, args.seconds, args.profile))
+            for _ in range(args.repeat)
+        ]
+        for n in args.workers
+    }
     print(f"\nscheduler benchmark ({os.cpu_count()} CPUs), latency at {args.rate:g} submissions/s")
     print(
-        f"| workers | placements/s (burst of {args.burst}) | CPU ms per placement: scheduler / "
-        "nats-server / registry / bench | submit→assigned p50 / p99 ms | "
+        f"| run | workers | placements/s (burst of {args.burst}) | CPU ms per placement: "
+        "scheduler / nats-server / registry / bench | submit→assigned p50 / p99 ms | "
         "nats request/reply p50 / p99 ms | latency / floor p50 / p99 |"
     )
-    print("|---:|---:|---:|---:|---:|---:|")
-    for r in rows:
-        cpu = r["cpu"]
-        print(
-            f"| {r['workers']} | {r['placements_s']:.0f} | {cpu['scheduler']:.2f} / "
-            f"{cpu['nats']:.2f} / {cpu['registry']:.2f} / {cpu['bench']:.2f} | "
-            f"{r['p50']:.1f} / {r['p99']:.1f} (n={r['n']}) | "
-            f"{r['floor_p50']:.2f} / {r['floor_p99']:.2f} | "
-            f"{r['p50'] / r['floor_p50']:.0f}x / {r['p99'] / r['floor_p99']:.0f}x |"
-        )
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for rows in runs.values():
+        for i, r in enumerate(rows, 1):
+            print(_row(r, str(i)))
+        if len(rows) > 1:
+            print(_row(_median(rows), "**median**"))
 
 
 if __name__ == "__main__":

@@ -23,6 +23,8 @@ def render(service: str) -> str:
     # Explicit values, so that the environment never leaks into the documents.
     app = build_app(Settings(worker_id="worker-id", nats_url="nats://127.0.0.1:4222", namespace=""))
     app = getattr(app, "app", app)  # telemetry wraps its FastStream app with an HTTP server
+    for intake in app.context.get("intakes") or []:  # handlers on plain nats-py (the scheduler)
+        intake.document(app.broker)
     spec = AsyncAPI(app.broker, title=f"Swarm {service}", version="1.0.0")
     # FastStream lists channels in no fixed order; sorted keys keep the files diff-able.
     return yaml.safe_dump(yaml.safe_load(spec.to_specification().to_yaml()), sort_keys=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 
-from swarm_common.events import Started, Succeeded
+from swarm_common.events import Failed, Started, Succeeded
 from swarm_common.jobs import AdapterRef, JobState, job_id_for
 
 from .conftest import Harness
@@ -113,6 +113,52 @@ async def test_a_lost_worker_s_job_moves_on_and_its_late_result_is_rejected(
         "succeeded",
         "started",
         "succeeded",
+    ]
+
+
+async def test_a_finished_job_leaves_its_revision_in_the_view_and_stays_finished(
+    harness: Harness,
+) -> None:
+    job_id = job_id_for("default", "k")
+    await harness.submit(harness.spec(), msg_id="k")
+    await harness.heartbeat("w1")
+    await harness.wait_record(job_id, lambda r: r.state == JobState.assigned)
+    await harness.emit(Started(job_id=job_id, attempt=1, worker_id="w1"))
+    adapter = AdapterRef(name="adapter", version=1, store_key="adapters/default/adapter/1")
+    await harness.emit(Succeeded(job_id=job_id, attempt=1, adapter=adapter))
+    await harness.wait_record(job_id, lambda r: r.state == JobState.succeeded)
+    view = harness.scheduler
+    for _ in range(100):
+        if job_id in view.finished:
+            break
+        await asyncio.sleep(0.05)
+    # Of a finished job the view keeps the revision, not the record.
+    _, revision = await harness.jobs.get(job_id)  # type: ignore[misc]
+    assert view.finished[job_id] == revision
+    assert job_id not in view.records and job_id not in view.open
+
+    # Submitted again past JetStream's window, and reported on late: it stays as it ended.
+    await harness.submit(harness.spec(), msg_id="another-msg-id", job_id=job_id)
+    await harness.emit(Failed(job_id=job_id, attempt=1, reason="late"))
+    for _ in range(200):  # until the scheduler has handled (acked) both
+        consumers = [
+            await harness.js.consumer_info(stream, durable)
+            for stream, durable in (
+                (harness.subjects.submit_stream, "scheduler-submit"),
+                (harness.subjects.events_stream, "scheduler-events"),
+            )
+        ]
+        if all(c.num_pending == 0 and c.num_ack_pending == 0 for c in consumers):
+            break
+        await asyncio.sleep(0.05)
+    record, after = await harness.jobs.get(job_id)  # type: ignore[misc]
+    assert (record.state, record.adapter, after) == (JobState.succeeded, adapter, revision)
+    assert names(await harness.events(job_id)) == [
+        "queued",
+        "assigned",
+        "started",
+        "succeeded",
+        "failed",
     ]
 
 

@@ -8,6 +8,8 @@ import logging
 from faststream import ExceptionMiddleware
 from faststream.nats import NatsBroker, NatsMessage
 from faststream.nats.security import NatsCredentials, NatsNKey, NatsToken, NatsUserPassword
+from nats.aio.client import Client
+from nats.aio.msg import Msg
 from pydantic import ValidationError
 
 from swarm_common.envelope import envelope
@@ -34,27 +36,33 @@ def _security(
     return None
 
 
-def dead_letter_middleware(service: str, subjects: Subjects) -> ExceptionMiddleware:
-    """Malformed input is parked on ``swarm.dlq.<service>`` with the error, then acked.
+async def dead_letter(
+    connection: Client, subjects: Subjects, service: str, raw: Msg, body: bytes, exc: Exception
+) -> None:
+    """Park a message that cannot be parsed on ``swarm.dlq.<service>``, with the error.
 
     A message that can never be parsed would otherwise be redelivered forever; this way the
     service keeps running, nothing is lost, and an operator can read and replay it.
     """
+    error = str(exc).replace("\n", " ")[:1000]
+    log.warning("dead-lettering message on %s: %s", raw.subject, error)
+    await connection.jetstream().publish(
+        subjects.dead_letter(service),
+        body,
+        headers={"Swarm-Original-Subject": raw.subject, "Swarm-Error": error},
+    )
+    if raw.reply and not raw.reply.startswith("$JS.ACK."):
+        # A malformed request still gets an answer, so its caller does not time out.
+        await connection.publish(raw.reply, json.dumps({"ok": False, "error": error}).encode())
+
+
+def dead_letter_middleware(service: str, subjects: Subjects) -> ExceptionMiddleware:
+    """FastStream's side of ``dead_letter``: the message is parked, then acked."""
     middleware = ExceptionMiddleware()
 
     async def park(exc: Exception, message: NatsMessage) -> None:
         raw = message.raw_message
-        error = str(exc).replace("\n", " ")[:1000]
-        log.warning("dead-lettering message on %s: %s", raw.subject, error)
-        connection = raw._client  # the connection that received it
-        await connection.jetstream().publish(
-            subjects.dead_letter(service),
-            message.body,
-            headers={"Swarm-Original-Subject": raw.subject, "Swarm-Error": error},
-        )
-        if raw.reply:
-            # A malformed request still gets an answer, so its caller does not time out.
-            await connection.publish(raw.reply, json.dumps({"ok": False, "error": error}).encode())
+        await dead_letter(raw._client, subjects, service, raw, message.body, exc)
 
     middleware.add_handler(ValidationError)(park)
     middleware.add_handler(json.JSONDecodeError)(park)
@@ -62,17 +70,12 @@ def dead_letter_middleware(service: str, subjects: Subjects) -> ExceptionMiddlew
     return middleware
 
 
-def make_broker(
-    settings: Settings, service: str, message_log_level: int = logging.INFO
-) -> NatsBroker:
-    """``message_log_level``: the level of FastStream's line per message received and handled
-    (a busy service, such as the scheduler with its heartbeats, logs them at DEBUG)."""
+def make_broker(settings: Settings, service: str) -> NatsBroker:
     subjects = Subjects(settings.namespace)
     return NatsBroker(
         settings.nats_url,
         name=f"swarm-{service}",
         security=_security(settings),
-        log_level=message_log_level,
         # Services must outlive a NATS restart: reconnect for ever rather than exit.
         max_reconnect_attempts=-1,
         reconnect_time_wait=1,

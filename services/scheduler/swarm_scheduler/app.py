@@ -5,14 +5,15 @@ from __future__ import annotations
 import logging
 from typing import Annotated, Any
 
-from faststream import AckPolicy, FastStream
-from faststream.nats import JStream, NatsMessage, PullSub
-from nats.js.api import ConsumerConfig
+from faststream import FastStream
+from nats.aio.msg import Msg
+from nats.js.api import AckPolicy, ConsumerConfig
 from pydantic import Field
 
 from swarm_common.broker import make_broker
 from swarm_common.envelope import CloudEvent
 from swarm_common.events import AnyJobEvent, CancelRequest
+from swarm_common.intake import Handler, Intake, IntakeMetrics, RetryLater
 from swarm_common.jobs import JobSubmission
 from swarm_common.prometheus import MetricsServer
 from swarm_common.settings import Settings
@@ -24,28 +25,30 @@ from swarm_scheduler.scheduler import Scheduler
 
 log = logging.getLogger("swarm.scheduler")
 JobEventEnvelope = CloudEvent[Annotated[AnyJobEvent, Field(discriminator="event")]]
-# A follower that still got a message (in the moment before its consumers stopped) gives it
-# back for the leader after this long.
+# A follower that still got a message gives it back for the leader after this long.
 FOLLOWER_NACK_DELAY_S = 0.5
 OWN_EVENTS = frozenset({"queued", "assigned", "requeued"})
 
 
-def _durable(stream: str) -> dict:
+def _work_queue(stream: str, name: str) -> dict[str, Any]:
+    """A durable pull consumer ``scheduler-<name>`` shared by the scheduler processes (only
+    the leader pulls)."""
+    durable = f"scheduler-{name}"
     # Explicit acks, and a message that keeps failing is given up after a while rather than
-    # retried for ever; malformed ones never get here (dead-lettered by the broker middleware).
-    return {
-        "stream": JStream(stream, declare=False),
-        # Large batches: the messages of a batch are handled concurrently.
-        "pull_sub": PullSub(batch_size=128, timeout=1.0),
-        "ack_policy": AckPolicy.NACK_ON_ERROR,
-        "config": ConsumerConfig(ack_wait=30, max_deliver=50, max_ack_pending=4096),
-    }
+    # retried for ever; malformed ones never reach a handler (dead-lettered by the intake).
+    config = ConsumerConfig(
+        durable_name=durable,
+        ack_policy=AckPolicy.EXPLICIT,
+        ack_wait=30,
+        max_deliver=50,
+        max_ack_pending=4096,
+    )
+    return {"stream": stream, "durable": durable, "config": config}
 
 
 def build_app(settings: Settings) -> FastStream:
     subjects = Subjects(settings.namespace)
-    # Two log lines per message would be a thousand a second with 500 workers' heartbeats.
-    broker = make_broker(settings, "scheduler", message_log_level=logging.DEBUG)
+    broker = make_broker(settings, "scheduler")
     scheduler = Scheduler(settings, broker)
     # Observability: the job's trace (docs/observability.md) and Prometheus /metrics.
     tracing = setup_tracing(settings, "scheduler")
@@ -54,37 +57,19 @@ def build_app(settings: Settings) -> FastStream:
     metrics.watch(scheduler)
     broker.add_middleware(metrics.messages)
     metrics_server = MetricsServer(settings, metrics.registry, "scheduler")
+    counted = IntakeMetrics(metrics.registry, "scheduler")
 
-    submit_sub = broker.subscriber(
-        subjects.submit, durable="scheduler-submit", **_durable(subjects.submit_stream)
-    )
-    events_sub = broker.subscriber(
-        subjects.job_event(), durable="scheduler-events", **_durable(subjects.events_stream)
-    )
-    cancel_sub = broker.subscriber(
-        subjects.cancel(), durable="scheduler-cancel", **_durable(subjects.control_stream)
-    )
-    # Only the leader consumes the work streams: the durable pull consumers are shared work
-    # queues, so a follower that pulled would take messages away from the leader.
-    leader_only: list[Any] = [submit_sub, events_sub, cancel_sub]
+    def intake(subject: str, handler: Handler, **options: Any) -> Intake:
+        return Intake("scheduler", subjects, subject, handler, metrics=counted, **options)
 
-    def current_message() -> NatsMessage:
-        # Read from the broker's context rather than taken as a `msg: NatsMessage` argument:
-        # fast_depends resolves such context arguments in a worker thread, and a thread hop
-        # per message was a large part of the cost of a submission or a job event.
-        return broker.context.get_local("message")
+    async def follower_gives_back() -> None:
+        # A follower that still got a message (in the moment before its consumers stopped)
+        # gives it back for the leader.
+        if not scheduler.leading:
+            raise RetryLater(FOLLOWER_NACK_DELAY_S)
 
-    async def follower_gives_back(msg: NatsMessage) -> bool:
-        if scheduler.leading:
-            return False
-        await msg.nack(delay=FOLLOWER_NACK_DELAY_S)
-        return True
-
-    @submit_sub
-    async def on_submit(event: CloudEvent[JobSubmission]) -> None:
-        msg = current_message()
-        if await follower_gives_back(msg):
-            return
+    async def on_submit(event: CloudEvent[JobSubmission], msg: Msg) -> None:
+        await follower_gives_back()
         key = (msg.headers or {}).get("Nats-Msg-Id") or event.id
         # A child of the submitter's span when it sent a traceparent header, else a new trace.
         with scheduler.tracer.start_as_current_span(
@@ -93,33 +78,43 @@ def build_app(settings: Settings) -> FastStream:
             attributes={"swarm.job_id": event.data.job_id or "", "swarm.tenant": event.data.tenant},
         ):
             if await scheduler.submit(event.data, key) is None:
-                await msg.nack(delay=2.0)  # the registry is down: try again shortly
+                raise RetryLater(2.0)  # the registry is down: try again shortly
 
-    @events_sub
     async def on_job_event(event: JobEventEnvelope) -> None:
-        msg = current_message()
-        if await follower_gives_back(msg):
-            return
-        # The scheduler's own events (queued, assigned, requeued) are already in its records.
-        if event.data.event not in OWN_EVENTS:
-            await scheduler.on_job_event(event.data)
+        await follower_gives_back()
+        await scheduler.on_job_event(event.data)
 
-    @cancel_sub
-    async def on_cancel(event: CloudEvent[CancelRequest], msg: NatsMessage) -> None:
-        if await follower_gives_back(msg):
-            return
-        job_id = msg.raw_message.subject.split(".")[-2]
+    async def on_cancel(event: CloudEvent[CancelRequest], msg: Msg) -> None:
+        await follower_gives_back()
+        job_id = msg.subject.split(".")[-2]
         await scheduler.cancel(job_id if job_id != "*" else event.data.job_id, event.data.reason)
 
-    @broker.subscriber(subjects.heartbeat())
     async def on_heartbeat(event: CloudEvent[Heartbeat]) -> None:
         await scheduler.on_heartbeat(event.data)
+
+    # Submissions, job events and heartbeats are the scheduler's busiest subjects: intakes on
+    # plain nats-py rather than FastStream subscribers (swarm_common.intake says why).
+    leader_only = [
+        intake(subjects.submit, on_submit, **_work_queue(subjects.submit_stream, "submit")),
+        intake(
+            subjects.job_event(),
+            on_job_event,
+            # The scheduler's own events (queued, assigned, requeued) are already in its
+            # records: acked unread.
+            skip=lambda subject: subject.rpartition(".")[2] in OWN_EVENTS,
+            **_work_queue(subjects.events_stream, "events"),
+        ),
+        intake(subjects.cancel(), on_cancel, **_work_queue(subjects.control_stream, "cancel")),
+    ]
+    heartbeats = intake(subjects.heartbeat(), on_heartbeat)
+    # Only the leader consumes the work streams: the durable pull consumers are shared work
+    # queues, so a follower that pulled would take messages away from the leader.
 
     async def consume(leading: bool) -> None:
         for sub in leader_only:
             try:
                 if leading and not sub.running:
-                    await sub.start()
+                    await sub.start(broker.connection)
                 elif not leading and sub.running:
                     await sub.stop()
             except Exception:
@@ -140,11 +135,16 @@ def build_app(settings: Settings) -> FastStream:
 
     @app.after_startup
     async def start() -> None:
+        # Every scheduler process follows heartbeats (core NATS reaches them all), so that a
+        # follower that takes over already knows which workers are alive.
+        await heartbeats.start(broker.connection)
         await consume(scheduler.leading)
         await scheduler.start()
 
     @app.on_shutdown
     async def stop() -> None:
+        for sub in (heartbeats, *leader_only):
+            await sub.stop()
         await scheduler.stop()
         metrics_server.stop()
         tracing.shutdown()
@@ -152,4 +152,5 @@ def build_app(settings: Settings) -> FastStream:
     app.context.set_global("scheduler", scheduler)
     app.context.set_global("tracer_provider", tracing)  # tests add their span exporter to it
     app.context.set_global("metrics_server", metrics_server)
+    app.context.set_global("intakes", [*leader_only, heartbeats])  # tools/asyncapi.py
     return app

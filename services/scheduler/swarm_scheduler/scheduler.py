@@ -13,6 +13,8 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable
+from datetime import timedelta
+from typing import TypeVar
 
 from faststream.nats import NatsBroker
 from nats.js.kv import KV_DEL, KV_PURGE
@@ -50,7 +52,9 @@ SERVICE = "scheduler"
 # A worker's KV entry (read by the gateway) is rewritten when it changes, else this often.
 WORKER_KV_REFRESH_S = 5.0
 MODEL_CACHE_S = 2.0
+REASON_AFTER_S = 1.0
 _NONE = Capacity(0, 0)
+T = TypeVar("T")
 
 
 class Scheduler:
@@ -59,17 +63,24 @@ class Scheduler:
         self.broker = broker
         self.subjects = Subjects(settings.namespace)
         self.workers = WorkerTable(settings.worker_timeout_s)
-        # job id -> (record, KV revision): the live view of the jobs bucket.
+        # The live view of the jobs bucket. Only records not yet terminal are kept whole
+        # (job id -> (record, KV revision)), so that neither a placement pass nor the garbage
+        # collector's full passes grow with the history of finished jobs; of a finished job
+        # only the revision is kept (enough to tell a stale watch entry from a newer one).
         self.records: dict[str, tuple[JobRecord, int]] = {}
-        # The records not yet terminal: what placement and lease checks look at, so that their
-        # cost does not grow with the history of finished jobs.
-        self.open: dict[str, JobRecord] = {}
+        self.open: dict[str, JobRecord] = {}  # the records alone
+        self.finished: dict[str, int] = {}
         # worker id -> capacity its assigned and running records hold, kept up to date on
         # every change of the view, so that a placement pass need not add up every open job.
         self._held: dict[str, Capacity] = {}
         # job id -> (attempt, monotonic time) of the last heartbeat of its worker listing it.
         self._listed: dict[str, tuple[int, float]] = {}
         self._running_seen: dict[str, float] = {}  # job id -> when this process saw it run
+        # job id -> this process's writes to its record in flight, and the latest watch entry
+        # of the record that came meanwhile: most are the echo of our own write, which the
+        # write's answer puts in the view without parsing the record again.
+        self._writing: dict[str, int] = {}
+        self._parked: dict[str, object] = {}
         self._worker_kv_written: dict[str, tuple[object, float]] = {}
         self._datasets: dict[str, DatasetInfo] = {}  # content-addressed: never change
         self._models: dict[str, tuple[ModelRef, float]] = {}
@@ -148,35 +159,59 @@ class Scheduler:
 
     def _apply_watch(self, entry: object) -> None:
         key, revision = entry.key, entry.revision  # type: ignore[attr-defined]
+        if key in self._writing:
+            parked = self._parked.get(key)
+            if parked is None or parked.revision < revision:  # type: ignore[attr-defined]
+                self._parked[key] = entry
+            return
         if entry.operation in (KV_DEL, KV_PURGE) or not entry.value:  # type: ignore[attr-defined]
             gone = self.records.pop(key, None)
             self.open.pop(key, None)
+            self.finished.pop(key, None)
             if gone is not None:
                 self._hold(gone[0], -1)
             return
-        cached = self.records.get(key)
-        if cached is None or cached[1] < revision:
+        if self._revision(key) < revision:
             self._store(JobRecord.model_validate_json(entry.value), revision)  # type: ignore[attr-defined]
+
+    async def _write(self, job_id: str, write: Awaitable[T]) -> T:
+        """Await a write to the job's record, holding back its watch entries meanwhile."""
+        self._writing[job_id] = self._writing.get(job_id, 0) + 1
+        try:
+            return await write
+        finally:
+            if (left := self._writing.pop(job_id) - 1) > 0:
+                self._writing[job_id] = left
+            elif (parked := self._parked.pop(job_id, None)) is not None:
+                self._apply_watch(parked)  # parsed only if newer than what the write left
 
     def _remember(self, record: JobRecord, revision: int) -> None:
         # Our own writes go into the view at once: capacity must never be computed from a
         # view that misses an assignment we just made.
-        cached = self.records.get(record.job_id)
-        if cached is None or cached[1] < revision:
+        if self._revision(record.job_id) < revision:
             self._store(record, revision)
 
+    def _revision(self, job_id: str) -> int:
+        """The revision of the job's record in the view (0: not in it)."""
+        cached = self.records.get(job_id)
+        return cached[1] if cached is not None else self.finished.get(job_id, 0)
+
     def _store(self, record: JobRecord, revision: int) -> None:
-        previous = self.records.get(record.job_id)
+        job_id = record.job_id
+        previous = self.records.get(job_id)
         if previous is not None:
             self._hold(previous[0], -1)
-        self._hold(record, +1)
-        self.records[record.job_id] = (record, revision)
         if record.state.terminal:
-            self.open.pop(record.job_id, None)
-            self._listed.pop(record.job_id, None)
-            self._running_seen.pop(record.job_id, None)
+            self.records.pop(job_id, None)
+            self.open.pop(job_id, None)
+            self.finished[job_id] = revision
+            self._listed.pop(job_id, None)
+            self._running_seen.pop(job_id, None)
         else:
-            self.open[record.job_id] = record
+            self._hold(record, +1)
+            self.records[job_id] = (record, revision)
+            self.open[job_id] = record
+            self.finished.pop(job_id, None)
 
     def _hold(self, record: JobRecord, sign: int) -> None:
         """Add (+1) or take back (-1) what ``record`` holds on its worker."""
@@ -212,10 +247,10 @@ class Scheduler:
             new = stamped(copy_record(cached[0]))
             if new is not None:
                 with contextlib.suppress(Conflict):
-                    revision = await self.jobs.update(job_id, new, cached[1])
+                    revision = await self._write(job_id, self.jobs.update(job_id, new, cached[1]))
                     self._remember(new, revision)
                     return new
-        written = await self.jobs.modify(job_id, stamped)
+        written = await self._write(job_id, self.jobs.modify(job_id, stamped))
         if written is None:
             return None
         self._remember(*written)
@@ -234,6 +269,8 @@ class Scheduler:
         # The view answers for duplicates; a record it has not seen yet makes the create
         # below fail, which settles it without a read per submission.
         existing = self.records.get(job_id)
+        if existing is None and job_id in self.finished:
+            existing = await self.jobs.get(job_id)  # of a finished job the view keeps no record
         if existing is not None:
             log.info("duplicate submission of %s dropped", job_id)
             return existing[0]
@@ -254,7 +291,7 @@ class Scheduler:
             record.state, record.reason = JobState.failed, str(exc)
 
         try:
-            self._remember(record, await self.jobs.create(job_id, record))
+            self._remember(record, await self._write(job_id, self.jobs.create(job_id, record)))
         except Conflict:
             return (await self.jobs.get(job_id) or (record, 0))[0]
         spec = record.spec  # with from_adapter, the LoRA shape is the parent's
@@ -290,6 +327,11 @@ class Scheduler:
     async def on_job_event(self, event: AnyJobEvent) -> None:
         if event.event in ("queued", "assigned", "requeued"):
             return  # our own; already in the record
+        if event.job_id in self.finished:
+            # A finished record never changes again (``apply_event``): an event of a finished
+            # job, late or stale, needs no read of the bucket.
+            log.debug("ignored %s of finished job %s", event.event, event.job_id)
+            return
         found = self.records.get(event.job_id)
         if found is None or event.attempt > found[0].attempt:
             found = await self.jobs.get(event.job_id)  # the view may be behind a new attempt
@@ -456,10 +498,14 @@ class Scheduler:
         # each is a compare-and-set on its own record, and one that fails leaves its room
         # unused until the next pass rather than giving it twice.
         await _gather(self._place(job.job_id, worker_id) for job, worker_id in result.placements)
+        # Why a job waits is written once it has waited a moment: in a burst most jobs are
+        # placed within a pass or two, and a reason written for each would be a KV write per
+        # job for a text nobody reads (a placement pass runs at least every second).
+        settled = utcnow() - timedelta(seconds=REASON_AFTER_S)
         changed = [
             (job_id, reason)
             for job_id, reason in result.waiting.items()
-            if self.records[job_id][0].reason != reason
+            if (record := self.records[job_id][0]).reason != reason and record.updated_at < settled
         ]
         await _gather(
             self._modify(job_id, lambda r, why=reason: _with_reason(r, why))
@@ -478,7 +524,10 @@ class Scheduler:
         return self._datasets[key]
 
     async def _assign(self, job_id: str, worker_id: str) -> None:
-        record, revision = self.records[job_id]
+        cached = self.records.get(job_id)  # gone if it finished (was cancelled) since the plan
+        if cached is None:
+            return
+        record, revision = cached
         if record.state != JobState.queued or record.base_model is None:
             return
         dataset = await self._dataset(record.tenant, record.spec.dataset)
@@ -496,7 +545,7 @@ class Scheduler:
         )
         new.updated_at = new.assigned_at = utcnow()
         try:
-            self._remember(new, await self.jobs.update(job_id, new, revision))
+            self._remember(new, await self._write(job_id, self.jobs.update(job_id, new, revision)))
         except Conflict:
             return  # changed under us (cancelled, say); the next pass sees the new record
         if self.metrics is not None:

@@ -1,0 +1,274 @@
+"""Typed handlers on plain nats-py subscriptions, for a service's busiest subjects.
+
+FastStream's per-message machinery (middlewares, context, dependency resolution, a task per
+message) costs about 150-200 µs of CPU a message on the development machine, against about
+15 µs for nats-py plus pydantic. On the scheduler's heartbeats, submissions and job events
+that was most of its CPU (docs/performance.md), so it takes them through an ``Intake``, which
+keeps FastStream's conventions:
+
+* the handler is typed: its first parameter's annotation is the message's contract, parsed
+  with ``model_validate_json``; a second parameter, if any, gets the raw ``nats.aio.msg.Msg``
+  (headers, subject);
+* malformed input is dead-lettered (``swarm_common.broker.dead_letter``) and acked;
+* on JetStream, a handler that returns has its message acked, one that raises ``RetryLater``
+  has it redelivered after the delay, one that fails has it redelivered at once (up to the
+  consumer's ``max_deliver``);
+* every message is counted in the service's FastStream Prometheus families
+  (``swarm_<service>_received_messages_total`` …), labelled by subject template;
+* ``document(broker)`` declares it as a FastStream subscriber, for the AsyncAPI document only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, get_type_hints
+
+import nats.errors
+from faststream.nats import JStream, NatsBroker, PullSub
+from faststream.prometheus.container import MetricsContainer
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from nats.js.api import ConsumerConfig
+from nats.js.client import JetStreamContext
+from nats.js.errors import NotFoundError
+from prometheus_client import CollectorRegistry
+from pydantic import BaseModel, ValidationError
+
+from swarm_common.broker import dead_letter
+from swarm_common.prometheus import subject_template
+from swarm_common.subjects import Subjects
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[..., Awaitable[None]]
+# Messages of one pull consumer handled at once: enough to keep a service busy while its
+# handlers wait on NATS round trips, few enough to bound memory and the redelivery burst.
+MAX_IN_FLIGHT = 512
+# An idle pull consumer checks that it still exists this often (a nats-server restarted
+# without its store forgets it, and pulls would then wait for ever).
+IDLE_CHECK_S = 10.0
+
+
+class RetryLater(Exception):
+    """Raised by a JetStream handler: redeliver the message after ``delay`` seconds."""
+
+    def __init__(self, delay: float) -> None:
+        super().__init__(f"retry in {delay}s")
+        self.delay = delay
+
+
+class IntakeMetrics:
+    """The FastStream Prometheus families of ``service``, fed by intakes.
+
+    The families are FastStream's own (its container reuses them when FastStream's middleware
+    made them first, and the other way round), so a dashboard sees one set of numbers whichever
+    way a subject is consumed.
+    """
+
+    def __init__(self, registry: CollectorRegistry, service: str) -> None:
+        self.container = MetricsContainer(
+            registry, metrics_prefix=f"swarm_{service}", custom_label_names=()
+        )
+        self.service = service
+        self._children: dict[str, tuple[Any, ...]] = {}
+
+    def of(self, handler: str) -> tuple[Any, ...]:
+        # prometheus_client's labels() lookup costs more than the increment: cache the children.
+        found = self._children.get(handler)
+        if found is None:
+            c, labels = self.container, {"app_name": self.service, "broker": "nats"}
+            found = self._children[handler] = (
+                c.received_messages_total.labels(handler=handler, **labels),
+                c.received_messages_size_bytes.labels(handler=handler, **labels),
+                c.received_processed_messages_duration_seconds.labels(handler=handler, **labels),
+            )
+        return found
+
+    def processed(self, handler: str, status: str) -> None:
+        self.container.received_processed_messages_total.labels(
+            app_name=self.service, broker="nats", handler=handler, status=status
+        ).inc()
+
+    def exception(self, handler: str, exc: Exception) -> None:
+        self.container.received_processed_messages_exceptions_total.labels(
+            app_name=self.service, broker="nats", handler=handler, exception_type=type(exc).__name__
+        ).inc()
+
+
+class Intake:
+    """One subscription: core NATS, or a durable pull consumer on ``stream``."""
+
+    def __init__(
+        self,
+        service: str,
+        subjects: Subjects,
+        subject: str,
+        handler: Handler,
+        *,
+        stream: str | None = None,
+        durable: str | None = None,
+        config: ConsumerConfig | None = None,
+        batch: int = 128,
+        skip: Callable[[str], bool] | None = None,
+        metrics: IntakeMetrics | None = None,
+    ) -> None:
+        """``skip``: subjects acked without being parsed or handled (cheaper than a filter
+        the server could only express as several consumers)."""
+        params = list(inspect.signature(handler).parameters)
+        self.model: type[BaseModel] = get_type_hints(handler)[params[0]]
+        self._with_msg = len(params) > 1
+        self.service, self.subjects, self.subject = service, subjects, subject
+        self.handler = handler
+        self.stream, self.durable, self.config, self.batch = stream, durable, config, batch
+        self.skip, self.metrics = skip, metrics
+        self._connection: Client | None = None
+        self._sub: Subscription | JetStreamContext.PullSubscription | None = None
+        self._puller: asyncio.Task[None] | None = None
+        self._in_flight: set[asyncio.Task[None]] = set()
+
+    @property
+    def running(self) -> bool:
+        return self._sub is not None
+
+    async def start(self, connection: Client) -> None:
+        self._connection = connection
+        if self.stream is None:
+            self._sub = await connection.subscribe(self.subject, cb=self.handle)
+            return
+        self._sub = await self._pull_subscription()
+        self._puller = asyncio.create_task(self._pull_loop())
+
+    async def stop(self) -> None:
+        """Stop taking messages; the ones being handled finish (or time out and are redelivered)."""
+        sub, self._sub = self._sub, None
+        if self._puller is not None:
+            self._puller.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._puller
+            self._puller = None
+        if self._in_flight:
+            await asyncio.wait(self._in_flight, timeout=10)
+        if sub is not None:
+            with contextlib.suppress(Exception):  # the connection may be gone already
+                await sub.unsubscribe()
+
+    async def _pull_subscription(self) -> JetStreamContext.PullSubscription:
+        assert self._connection is not None and self.durable is not None
+        return await self._connection.jetstream().pull_subscribe(
+            self.subject, durable=self.durable, stream=self.stream, config=self.config
+        )
+
+    async def _pull_loop(self) -> None:
+        idle_since = time.monotonic()
+        while True:
+            sub = self._sub
+            assert isinstance(sub, JetStreamContext.PullSubscription)
+            try:
+                while len(self._in_flight) >= MAX_IN_FLIGHT:
+                    await asyncio.wait(self._in_flight, return_when=asyncio.FIRST_COMPLETED)
+                msgs = await sub.fetch(min(self.batch, MAX_IN_FLIGHT - len(self._in_flight)), 1.0)
+            except nats.errors.TimeoutError:
+                if time.monotonic() - idle_since > IDLE_CHECK_S:
+                    idle_since = time.monotonic()
+                    await self._recreate_if_gone(sub)
+                continue
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                # Disconnected, or the server is restarting: nats-py reconnects by itself.
+                log.warning("pulling %s failed (%r); trying again", self.subject, exc)
+                await asyncio.sleep(1.0)
+                with contextlib.suppress(Exception):
+                    await self._recreate_if_gone(sub)
+                continue
+            idle_since = time.monotonic()
+            for msg in msgs:
+                task = asyncio.create_task(self.handle(msg))
+                self._in_flight.add(task)
+                task.add_done_callback(self._in_flight.discard)
+
+    async def _recreate_if_gone(self, sub: JetStreamContext.PullSubscription) -> None:
+        try:
+            await sub.consumer_info()
+        except NotFoundError:
+            log.warning("consumer %s is gone; creating it again", self.durable)
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+            self._sub = await self._pull_subscription()
+
+    async def handle(self, msg: Msg) -> None:
+        subject = msg.subject
+        if self.skip is not None and self.skip(subject):
+            if self.stream is not None:
+                await msg.ack()
+            return
+        handler = subject_template(subject)
+        counted = self.metrics.of(handler) if self.metrics is not None else None
+        if counted is not None:
+            counted[0].inc()
+            counted[1].observe(len(msg.data))
+        started = time.perf_counter()
+        status = "acked"
+        try:
+            try:
+                event = self.model.model_validate_json(msg.data)
+            except (ValidationError, ValueError) as exc:
+                status = "rejected"
+                assert self._connection is not None
+                await dead_letter(self._connection, self.subjects, self.service, msg, msg.data, exc)
+                await self._ack(msg)
+                return
+            try:
+                await (self.handler(event, msg) if self._with_msg else self.handler(event))
+            except RetryLater as retry:
+                status = "nacked"
+                if self.stream is not None:
+                    await msg.nak(delay=retry.delay)
+                return
+            except Exception as exc:
+                status = "error"
+                log.exception("handling a message on %s failed", subject)
+                if self.metrics is not None:
+                    self.metrics.exception(handler, exc)
+                if self.stream is not None:
+                    await msg.nak()
+                return
+            await self._ack(msg)
+        except Exception:
+            # An ack or a dead-letter publish that failed (disconnected): the message is
+            # redelivered after the consumer's ack_wait, and the service keeps running.
+            log.exception("could not settle a message on %s", subject)
+        finally:
+            if counted is not None:
+                counted[2].observe(time.perf_counter() - started)
+                self.metrics.processed(handler, status)  # type: ignore[union-attr]
+
+    async def _ack(self, msg: Msg) -> None:
+        if self.stream is not None:
+            await msg.ack()
+
+    def document(self, broker: NatsBroker) -> None:
+        """Declare this intake as a FastStream subscriber of ``broker`` (never started), so that
+        the AsyncAPI document lists its subject and payload like any other handler's."""
+
+        async def described(event: Any) -> None:
+            raise AssertionError("declared for the AsyncAPI document only")
+
+        described.__annotations__ = {"event": self.model, "return": None}
+        described.__name__ = self.handler.__name__
+        described.__qualname__ = self.handler.__qualname__
+        described.__doc__ = self.handler.__doc__
+        options: dict[str, Any] = {}
+        if self.stream is not None:
+            options = {
+                "stream": JStream(self.stream, declare=False),
+                "durable": self.durable,
+                "pull_sub": PullSub(batch_size=self.batch, timeout=1.0),
+            }
+        broker.subscriber(self.subject, **options)(described)
