@@ -8,8 +8,8 @@ import httpx
 
 from swarm import AsyncClient, Client
 from swarm_common.broker import make_broker, publish_job_event
-from swarm_common.events import Progress, Succeeded
-from swarm_common.jobs import AdapterRef
+from swarm_common.events import Failed, Progress, Succeeded
+from swarm_common.jobs import AdapterRef, JobRecord, JobState
 from swarm_common.settings import Settings
 from swarm_common.subjects import Subjects
 
@@ -70,6 +70,43 @@ async def test_reconnects_while_events_keep_coming(
             async_rest = [e.id async for e in ac.events(job_id, last_event_id=middle)]
         expected = [e[1] for e in seen[STEPS // 2 + 1 :]]
         assert sync_rest == async_rest == expected
+    finally:
+        await broker.stop()
+        await nc.close()
+
+
+async def test_a_stale_attempt_s_terminal_event_does_not_end_the_stream(
+    live_gateway: ServerThread, settings: Settings
+) -> None:
+    nc, jobs = await fake_scheduler(settings)
+    broker = make_broker(settings, "test")
+    await broker.start()
+    subjects = Subjects(settings.namespace)
+    try:
+        async with httpx.AsyncClient(base_url=live_gateway.url, timeout=10) as c:
+            job_id = (await c.post("/v1/jobs", json=spec(await dataset(c)))).json()["job_id"]
+
+            def second_attempt(r: JobRecord) -> JobRecord:
+                r.attempt, r.state = 2, JobState.running
+                return r
+
+            await jobs.modify(job_id, second_attempt)
+            adapter = AdapterRef(name="bot", version=1, store_key="adapters/default/bot/1")
+            for event in (
+                Failed(job_id=job_id, attempt=1, reason="worker lost"),  # late, from attempt 1
+                Progress(
+                    job_id=job_id, attempt=2, step=1, max_steps=1, loss=1.0, lr=1e-4, tokens_per_s=1
+                ),
+                Succeeded(job_id=job_id, attempt=2, adapter=adapter),
+            ):
+                await publish_job_event(broker, subjects, "test", event)
+            async with c.stream("GET", f"/v1/jobs/{job_id}/events") as resp:
+                seen = await read_sse_until(resp, 10)  # returns when the stream ends
+        assert [(e[0], e[2]["data"]["attempt"]) for e in seen] == [
+            ("failed", 1),
+            ("progress", 2),
+            ("succeeded", 2),
+        ]
     finally:
         await broker.stop()
         await nc.close()

@@ -76,7 +76,7 @@ class IntakeMetrics:
             registry, metrics_prefix=f"swarm_{service}", custom_label_names=()
         )
         self.service = service
-        self._children: dict[str, tuple[Any, ...]] = {}
+        self._children: dict[object, tuple[Any, ...]] = {}
 
     def of(self, handler: str) -> tuple[Any, ...]:
         # prometheus_client's labels() lookup costs more than the increment: cache the children.
@@ -91,9 +91,14 @@ class IntakeMetrics:
         return found
 
     def processed(self, handler: str, status: str) -> None:
-        self.container.received_processed_messages_total.labels(
-            app_name=self.service, broker="nats", handler=handler, status=status
-        ).inc()
+        child = self._children.get((handler, status))
+        if child is None:
+            child = self._children[(handler, status)] = (
+                self.container.received_processed_messages_total.labels(
+                    app_name=self.service, broker="nats", handler=handler, status=status
+                ),
+            )
+        child[0].inc()
 
     def exception(self, handler: str, exc: Exception) -> None:
         self.container.received_processed_messages_exceptions_total.labels(

@@ -9,6 +9,7 @@ counters, and no job ids in labels (subjects are reduced to their templates).
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 import threading
@@ -40,6 +41,7 @@ _VARIABLE_AFTER = {"jobs": "job", "workers": "worker", "adapters": "name"}
 _FIXED = {"submit"}
 
 
+@functools.lru_cache(maxsize=4096)  # per message on busy subjects (heartbeats): worth caching
 def subject_template(subject: str) -> str:
     """``swarm.jobs.job-1a2b.events.progress`` -> ``swarm.jobs.{job}.events.progress``."""
     tokens = subject.split(".")

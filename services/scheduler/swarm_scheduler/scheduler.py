@@ -12,9 +12,8 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from datetime import timedelta
-from typing import TypeVar
 
 from faststream.nats import NatsBroker
 from nats.js.kv import KV_DEL, KV_PURGE
@@ -49,12 +48,14 @@ from swarm_scheduler.worker_table import WorkerTable
 
 log = logging.getLogger("swarm.scheduler")
 SERVICE = "scheduler"
-# A worker's KV entry (read by the gateway) is rewritten when it changes, else this often.
+# A worker's KV entry (read by the gateway) is rewritten when its state changes, else (its
+# load, its last heartbeat) every 5 s, or less often with more than 500 workers: at most 100
+# refreshes a second in all (a KV write costs the scheduler about as much as a heartbeat).
 WORKER_KV_REFRESH_S = 5.0
+WORKER_KV_REFRESH_PER_S = 100.0
 MODEL_CACHE_S = 2.0
 REASON_AFTER_S = 1.0
 _NONE = Capacity(0, 0)
-T = TypeVar("T")
 
 
 class Scheduler:
@@ -174,16 +175,18 @@ class Scheduler:
         if self._revision(key) < revision:
             self._store(JobRecord.model_validate_json(entry.value), revision)  # type: ignore[attr-defined]
 
-    async def _write(self, job_id: str, write: Awaitable[T]) -> T:
-        """Await a write to the job's record, holding back its watch entries meanwhile."""
+    @contextlib.contextmanager
+    def _writing_to(self, job_id: str) -> Iterator[None]:
+        """Around a write to the job's record and its ``_remember``: the record's watch entries
+        that come meanwhile are held back, then applied only if newer than what was written."""
         self._writing[job_id] = self._writing.get(job_id, 0) + 1
         try:
-            return await write
+            yield
         finally:
             if (left := self._writing.pop(job_id) - 1) > 0:
                 self._writing[job_id] = left
             elif (parked := self._parked.pop(job_id, None)) is not None:
-                self._apply_watch(parked)  # parsed only if newer than what the write left
+                self._apply_watch(parked)
 
     def _remember(self, record: JobRecord, revision: int) -> None:
         # Our own writes go into the view at once: capacity must never be computed from a
@@ -246,15 +249,15 @@ class Scheduler:
         if cached is not None:
             new = stamped(copy_record(cached[0]))
             if new is not None:
-                with contextlib.suppress(Conflict):
-                    revision = await self._write(job_id, self.jobs.update(job_id, new, cached[1]))
-                    self._remember(new, revision)
+                with contextlib.suppress(Conflict), self._writing_to(job_id):
+                    self._remember(new, await self.jobs.update(job_id, new, cached[1]))
                     return new
-        written = await self._write(job_id, self.jobs.modify(job_id, stamped))
-        if written is None:
-            return None
-        self._remember(*written)
-        return written[0]
+        with self._writing_to(job_id):
+            written = await self.jobs.modify(job_id, stamped)
+            if written is None:
+                return None
+            self._remember(*written)
+            return written[0]
 
     async def _emit(self, event: AnyJobEvent) -> None:
         # One event of a kind per attempt: a retried publish is de-duplicated by JetStream.
@@ -291,7 +294,8 @@ class Scheduler:
             record.state, record.reason = JobState.failed, str(exc)
 
         try:
-            self._remember(record, await self._write(job_id, self.jobs.create(job_id, record)))
+            with self._writing_to(job_id):
+                self._remember(record, await self.jobs.create(job_id, record))
         except Conflict:
             return (await self.jobs.get(job_id) or (record, 0))[0]
         spec = record.spec  # with from_adapter, the LoRA shape is the parent's
@@ -383,14 +387,17 @@ class Scheduler:
             await self._write_worker(info, now)
 
     async def _write_worker(self, info: WorkerInfo, now: float) -> None:
-        """Write the worker's KV entry on a change, else only every few seconds.
+        """Write the worker's KV entry when its state, resources or labels change, else (its
+        load: free capacity, running jobs) at most every few seconds.
 
-        A write per heartbeat would be thousands of KV writes a second with many workers, for
-        a table that the gateway only displays.
+        A write per heartbeat would be hundreds of KV writes a second with many busy workers,
+        for a table that the gateway only displays; placement reads the live worker table.
         """
-        signature = (info.state, info.free, info.running, info.labels, info.resources)
+        signature = (info.state, info.labels, info.resources)
         previous = self._worker_kv_written.get(info.worker_id)
-        if previous and previous[0] == signature and now - previous[1] < WORKER_KV_REFRESH_S:
+        # With many workers, refreshes are spread so that they stay within a write budget.
+        refresh = max(WORKER_KV_REFRESH_S, len(self._worker_kv_written) / WORKER_KV_REFRESH_PER_S)
+        if previous and previous[0] == signature and now - previous[1] < refresh:
             return
         self._worker_kv_written[info.worker_id] = (signature, now)
         await self.worker_kv.put(info.worker_id, info)
@@ -545,7 +552,8 @@ class Scheduler:
         )
         new.updated_at = new.assigned_at = utcnow()
         try:
-            self._remember(new, await self._write(job_id, self.jobs.update(job_id, new, revision)))
+            with self._writing_to(job_id):
+                self._remember(new, await self.jobs.update(job_id, new, revision))
         except Conflict:
             return  # changed under us (cancelled, say); the next pass sees the new record
         if self.metrics is not None:

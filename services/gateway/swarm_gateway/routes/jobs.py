@@ -286,12 +286,23 @@ async def _follow(
             yield ServerSentEvent(
                 data=msg.data.decode(), event=name, id=str(msg.metadata.sequence.stream)
             )
-            if name in TERMINAL_EVENTS:
+            if name in TERMINAL_EVENTS and await _ends_the_job(gw, job_id, msg.data):
                 return
     finally:
         # The connection may already be closing on shutdown.
         with contextlib.suppress(Exception):
             await sub.unsubscribe()
+
+
+async def _ends_the_job(gw: Gateway, job_id: str, data: bytes) -> bool:
+    """Whether a terminal event ends the job: not when a later attempt has taken over (the
+    late ``failed`` of a worker that lost its lease, say), which the record tells."""
+    try:
+        attempt = int(json.loads(data)["data"].get("attempt", 0))
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return True  # not ours to judge: end as the event says
+    found = await gw.jobs.get(job_id)
+    return found is None or found[0].attempt <= attempt
 
 
 async def _job_over(gw: Gateway, job_id: str) -> bool:
