@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import timedelta
 
 import httpx
 import nats
 import pytest
 
-from swarm_common.broker import publish_job_event
+from swarm_common.broker import make_broker, publish_job_event
 from swarm_common.envelope import CloudEvent
-from swarm_common.events import CancelRequest, Progress, Queued, Succeeded
+from swarm_common.events import CancelRequest, JobEvent, Progress, Queued, Succeeded
 from swarm_common.jobs import AdapterRef, JobRecord, JobSpec, JobState, JobSubmission
 from swarm_common.records import RecordTable
 from swarm_common.settings import Settings
@@ -112,6 +114,31 @@ async def fake_scheduler(settings: Settings) -> tuple[nats.NATS, RecordTable[Job
     return nc, jobs
 
 
+Report = Callable[[JobEvent], Awaitable[None]]
+
+
+@contextlib.asynccontextmanager
+async def reporting(
+    settings: Settings, gateway_url: str
+) -> AsyncIterator[tuple[RecordTable[JobRecord], Report, httpx.AsyncClient]]:
+    """A fake scheduler (``fake_scheduler``), a way to report job events as a worker does, and
+    an HTTP client of the gateway."""
+    nc, jobs = await fake_scheduler(settings)
+    broker = make_broker(settings, "test")
+    await broker.start()
+    subjects = Subjects(settings.namespace)
+
+    async def report(event: JobEvent) -> None:
+        await publish_job_event(broker, subjects, "test", event)
+
+    try:
+        async with httpx.AsyncClient(base_url=gateway_url, timeout=10) as client:
+            yield jobs, report, client
+    finally:
+        await broker.stop()
+        await nc.close()
+
+
 async def test_submit_get_list_cancel(client: httpx.AsyncClient, settings: Settings) -> None:
     nc, jobs = await fake_scheduler(settings)
     try:
@@ -175,61 +202,44 @@ async def test_metrics_needs_telemetry(client: httpx.AsyncClient, settings: Sett
 
 
 async def test_events_stream_replays_and_follows(live_gateway, settings: Settings) -> None:  # type: ignore[no-untyped-def]
-    from swarm_common.broker import make_broker
+    async with reporting(settings, live_gateway.url) as (_, report, c):
+        ds = await dataset(c)
+        record = (await c.post("/v1/jobs", json=spec(ds))).json()
+        job_id = record["job_id"]
+        job_spec = JobSpec.model_validate(record["spec"])
+        await report(Queued(job_id=job_id, tenant="default", spec=job_spec))
 
-    nc, _ = await fake_scheduler(settings)
-    broker = make_broker(settings, "test")
-    await broker.start()
-    subjects = Subjects(settings.namespace)
-    try:
-        async with httpx.AsyncClient(base_url=live_gateway.url, timeout=10) as c:
-            ds = await dataset(c)
-            record = (await c.post("/v1/jobs", json=spec(ds))).json()
-            job_id = record["job_id"]
-            job_spec = JobSpec.model_validate(record["spec"])
-            await publish_job_event(
-                broker, subjects, "test", Queued(job_id=job_id, tenant="default", spec=job_spec)
-            )
-
-            async def later() -> None:
-                await asyncio.sleep(0.3)
-                for step in (1, 2):
-                    await publish_job_event(
-                        broker,
-                        subjects,
-                        "test",
-                        Progress(
-                            job_id=job_id,
-                            step=step,
-                            max_steps=2,
-                            loss=1.0,
-                            lr=1e-4,
-                            tokens_per_s=10.0,
-                        ),
-                    )
-                adapter = AdapterRef(name="bot", version=1, store_key="adapters/default/bot/1")
-                await publish_job_event(
-                    broker, subjects, "test", Succeeded(job_id=job_id, adapter=adapter)
+        async def later() -> None:
+            await asyncio.sleep(0.3)
+            for step in (1, 2):
+                await report(
+                    Progress(
+                        job_id=job_id,
+                        step=step,
+                        max_steps=2,
+                        loss=1.0,
+                        lr=1e-4,
+                        tokens_per_s=10.0,
+                    ),
                 )
+            adapter = AdapterRef(name="bot", version=1, store_key="adapters/default/bot/1")
+            await report(Succeeded(job_id=job_id, adapter=adapter))
 
-            task = asyncio.create_task(later())
-            events: list[tuple[str, str, dict]] = []
-            async with c.stream("GET", f"/v1/jobs/{job_id}/events") as resp:
-                assert resp.status_code == 200
-                events = await read_sse(resp)
-            await task
-            assert [e[0] for e in events] == ["queued", "progress", "progress", "succeeded"]
-            assert events[1][2]["data"]["step"] == 1
-            assert events[3][2]["type"] == "swarm.job.succeeded"
+        task = asyncio.create_task(later())
+        events: list[tuple[str, str, dict]] = []
+        async with c.stream("GET", f"/v1/jobs/{job_id}/events") as resp:
+            assert resp.status_code == 200
+            events = await read_sse(resp)
+        await task
+        assert [e[0] for e in events] == ["queued", "progress", "progress", "succeeded"]
+        assert events[1][2]["data"]["step"] == 1
+        assert events[3][2]["type"] == "swarm.job.succeeded"
 
-            # Resume after the first progress event: only what follows is replayed.
-            headers = {"Last-Event-ID": events[1][1]}
-            async with c.stream("GET", f"/v1/jobs/{job_id}/events", headers=headers) as resp:
-                resumed = await read_sse(resp)
-            assert [e[0] for e in resumed] == ["progress", "succeeded"]
-    finally:
-        await broker.stop()
-        await nc.close()
+        # Resume after the first progress event: only what follows is replayed.
+        headers = {"Last-Event-ID": events[1][1]}
+        async with c.stream("GET", f"/v1/jobs/{job_id}/events", headers=headers) as resp:
+            resumed = await read_sse(resp)
+        assert [e[0] for e in resumed] == ["progress", "succeeded"]
 
 
 async def read_sse(resp: httpx.Response) -> list[tuple[str, str, dict]]:
