@@ -126,7 +126,6 @@ def run_swarm(model_dir: Path, steps: int) -> dict[str, Any]:
 
 
 def run_hf(model_dir: Path, steps: int) -> dict[str, Any]:
-    from datasets import Dataset
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
 
@@ -177,7 +176,10 @@ def run_hf(model_dir: Path, steps: int) -> dict[str, Any]:
         remove_unused_columns=False,
     )
     trainer = Trainer(
-        model=model, args=args, train_dataset=Dataset.from_list(rows), data_collator=collator
+        model=model,
+        args=args,
+        train_dataset=rows,
+        data_collator=collator,  # type: ignore[arg-type]
     )
     start = time.perf_counter()
     trainer.train()
@@ -234,8 +236,9 @@ def main() -> None:
             ],
             capture_output=True,
             text=True,
-            check=True,
         )
+        if proc.returncode:
+            sys.exit(f"the {which} run failed:\n{proc.stderr[-4000:]}")
         line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))
         results[which] = json.loads(line[len("RESULT ") :])
     peak = matmul_peak()
