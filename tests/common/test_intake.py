@@ -207,3 +207,29 @@ def test_document_declares_the_subject_and_payload_for_asyncapi(settings: Settin
     assert channel["address"] == "swarm.jobs.submit"
     assert channel["description"] == "Pings, counted."
     assert "Ping" in spec["components"]["schemas"]
+
+
+async def test_a_consumer_deleted_under_a_running_intake_is_made_again(
+    nc: Client, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As after a nats-server restarted without its store: the pulls would otherwise wait for
+    # ever on a consumer that no longer exists.
+    monkeypatch.setattr("swarm_common.intake.IDLE_CHECK_S", 0.5)
+    s = Subjects(settings.namespace)
+    js = nc.jetstream()
+    got: list[int] = []
+
+    async def on_ping(event: CloudEvent[Ping]) -> None:
+        got.append(event.data.n)
+
+    intake = _stream_intake(s, on_ping)
+    await intake.start(nc)
+    try:
+        await js.publish(s.submit, _body(1))
+        await _until(lambda: got == [1])
+        await js.delete_consumer(s.submit_stream, "intake-test")
+        await asyncio.sleep(2.0)  # idle past the check: the consumer is made again
+        await js.publish(s.submit, _body(2))
+        await _until(lambda: 2 in got)
+    finally:
+        await intake.stop()
