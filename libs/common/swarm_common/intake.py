@@ -170,7 +170,7 @@ class Intake:
         )
 
     async def _pull_loop(self) -> None:
-        idle_since = time.monotonic()
+        idle_since, failures = time.monotonic(), 0
         while True:
             sub = self._sub
             assert isinstance(sub, JetStreamContext.PullSubscription)
@@ -189,23 +189,36 @@ class Intake:
                 # Disconnected, or the server is restarting: nats-py reconnects by itself.
                 log.warning("pulling %s failed (%r); trying again", self.subject, exc)
                 await asyncio.sleep(1.0)
-                with contextlib.suppress(Exception):
-                    await self._recreate_if_gone(sub)
+                failures += 1
+                # After a few failures in a row, subscribe again even if the consumer is there.
+                await self._recreate_if_gone(sub, anyway=failures >= 3)
                 continue
-            idle_since = time.monotonic()
+            idle_since, failures = time.monotonic(), 0
             for msg in msgs:
                 task = asyncio.create_task(self.handle(msg))
                 self._in_flight.add(task)
                 task.add_done_callback(self._in_flight.discard)
 
-    async def _recreate_if_gone(self, sub: JetStreamContext.PullSubscription) -> None:
+    async def _recreate_if_gone(
+        self, sub: JetStreamContext.PullSubscription, *, anyway: bool = False
+    ) -> None:
+        """Make the durable consumer again if the server lost it (``anyway``: subscribe again
+        in any case); never raises, so that the pull loop outlives a disconnection."""
+        if not anyway:
+            try:
+                await sub.consumer_info()
+                return
+            except NotFoundError:
+                log.warning("consumer %s is gone; creating it again", self.durable)
+            except Exception as exc:
+                log.warning("could not check consumer %s: %r", self.durable, exc)
+                return
+        with contextlib.suppress(Exception):
+            await sub.unsubscribe()
         try:
-            await sub.consumer_info()
-        except NotFoundError:
-            log.warning("consumer %s is gone; creating it again", self.durable)
-            with contextlib.suppress(Exception):
-                await sub.unsubscribe()
             self._sub = await self._pull_subscription()
+        except Exception as exc:
+            log.warning("could not create consumer %s again: %r", self.durable, exc)
 
     async def handle(self, msg: Msg) -> None:
         subject = msg.subject
