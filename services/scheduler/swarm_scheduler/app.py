@@ -94,6 +94,8 @@ def build_app(settings: Settings) -> FastStream:
 
     # Submissions, job events and heartbeats are the scheduler's busiest subjects: intakes on
     # plain nats-py rather than FastStream subscribers (swarm_common.intake says why).
+    # Only the leader consumes the work streams: the durable pull consumers are shared work
+    # queues, so a follower that pulled would take messages away from the leader.
     leader_only = [
         intake(subjects.submit, on_submit, **_work_queue(subjects.submit_stream, "submit")),
         intake(
@@ -107,8 +109,6 @@ def build_app(settings: Settings) -> FastStream:
         intake(subjects.cancel(), on_cancel, **_work_queue(subjects.control_stream, "cancel")),
     ]
     heartbeats = intake(subjects.heartbeat(), on_heartbeat)
-    # Only the leader consumes the work streams: the durable pull consumers are shared work
-    # queues, so a follower that pulled would take messages away from the leader.
 
     async def consume(leading: bool) -> None:
         for sub in leader_only:
