@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator
 
@@ -94,11 +95,9 @@ async def test_a_core_handler_gets_the_typed_message_and_its_raw_one(
     assert got == [(7, s.heartbeat("w1"))]
 
 
-async def test_malformed_input_is_dead_lettered_and_the_next_message_handled(
-    nc: Client, settings: Settings
-) -> None:
-    s = Subjects(settings.namespace)
-    js = nc.jetstream()
+@contextlib.asynccontextmanager
+async def collecting(nc: Client, s: Subjects) -> AsyncIterator[list[int]]:
+    """A running stream intake that collects the pings it handles."""
     got: list[int] = []
 
     async def on_ping(event: CloudEvent[Ping]) -> None:
@@ -107,6 +106,17 @@ async def test_malformed_input_is_dead_lettered_and_the_next_message_handled(
     intake = _stream_intake(s, on_ping)
     await intake.start(nc)
     try:
+        yield got
+    finally:
+        await intake.stop()
+
+
+async def test_malformed_input_is_dead_lettered_and_the_next_message_handled(
+    nc: Client, settings: Settings
+) -> None:
+    s = Subjects(settings.namespace)
+    js = nc.jetstream()
+    async with collecting(nc, s) as got:
         await js.publish(s.submit, b'{"not": "a cloud event"}')
         await js.publish(s.submit, b"\xff\xfe not even utf-8")
         await js.publish(s.submit, _body(1))
@@ -116,8 +126,6 @@ async def test_malformed_input_is_dead_lettered_and_the_next_message_handled(
         assert [m.data for m in parked] == [b'{"not": "a cloud event"}', b"\xff\xfe not even utf-8"]
         assert all(m.headers["Swarm-Original-Subject"] == s.submit for m in parked)
         assert "validation error" in parked[0].headers["Swarm-Error"]
-    finally:
-        await intake.stop()
     # Acked: nothing is left for the consumer to deliver again.
     info = await js.consumer_info(s.submit_stream, "intake-test")
     assert info.num_ack_pending == 0 and info.num_pending == 0
@@ -217,19 +225,10 @@ async def test_a_consumer_deleted_under_a_running_intake_is_made_again(
     monkeypatch.setattr("swarm_common.intake.IDLE_CHECK_S", 0.5)
     s = Subjects(settings.namespace)
     js = nc.jetstream()
-    got: list[int] = []
-
-    async def on_ping(event: CloudEvent[Ping]) -> None:
-        got.append(event.data.n)
-
-    intake = _stream_intake(s, on_ping)
-    await intake.start(nc)
-    try:
+    async with collecting(nc, s) as got:
         await js.publish(s.submit, _body(1))
         await _until(lambda: got == [1])
         await js.delete_consumer(s.submit_stream, "intake-test")
         await asyncio.sleep(2.0)  # idle past the check: the consumer is made again
         await js.publish(s.submit, _body(2))
         await _until(lambda: 2 in got)
-    finally:
-        await intake.stop()

@@ -129,13 +129,13 @@ async def test_a_finished_job_leaves_its_revision_in_the_view_and_stays_finished
     await harness.wait_record(job_id, lambda r: r.state == JobState.succeeded)
     view = harness.scheduler
     for _ in range(100):
-        if job_id in view.finished:
+        if view.finished(job_id):
             break
         await asyncio.sleep(0.05)
     # Of a finished job the view keeps the revision, not the record.
     _, revision = await harness.jobs.get(job_id)  # type: ignore[misc]
-    assert view.finished[job_id] == revision
-    assert job_id not in view.records and job_id not in view.open
+    assert view.revisions[job_id] == revision
+    assert job_id not in view.open
 
     # Submitted again past JetStream's window, and reported on late: it stays as it ended.
     await harness.submit(harness.spec(), msg_id="another-msg-id", job_id=job_id)

@@ -38,10 +38,10 @@ def test_the_echo_of_its_own_write_is_not_parsed_again() -> None:
     mine = queued.model_copy(update={"reason": "mine"})
     with s._writing_to("job-1"):
         s._apply_watch(entry(mine, 2))  # the echo, before the write's answer
-        assert s.records["job-1"][1] == 1  # held back
+        assert s.revisions["job-1"] == 1  # held back
         s._remember(mine, 2)
-    record, revision = s.records["job-1"]
-    assert record is mine and revision == 2  # the very object written: nothing was parsed
+    # The very object written: nothing was parsed.
+    assert s.open["job-1"] is mine and s.revisions["job-1"] == 2
 
 
 def test_a_newer_write_by_someone_else_is_applied_after_a_failed_write() -> None:
@@ -50,8 +50,7 @@ def test_a_newer_write_by_someone_else_is_applied_after_a_failed_write() -> None
     theirs = job("job-1").model_copy(update={"reason": "theirs"})
     with s._writing_to("job-1"):  # our compare-and-set fails: nothing to remember
         s._apply_watch(entry(theirs, 2))
-    record, revision = s.records["job-1"]
-    assert (record.reason, revision) == ("theirs", 2)
+    assert (s.open["job-1"].reason, s.revisions["job-1"]) == ("theirs", 2)
 
 
 def test_a_finished_job_keeps_only_its_revision_and_stale_entries_do_not_revive_it() -> None:
@@ -63,12 +62,12 @@ def test_a_finished_job_keeps_only_its_revision_and_stale_entries_do_not_revive_
 
     done = running.model_copy(update={"state": JobState.succeeded})
     s._apply_watch(entry(done, 4))
-    assert s.finished == {"job-1": 4}
-    assert "job-1" not in s.records and "job-1" not in s.open
+    assert s.revisions == {"job-1": 4} and s.finished("job-1")
+    assert "job-1" not in s.open
     assert "w1" not in s._held  # the capacity it held is free again
 
     s._apply_watch(entry(running, 3))  # an old entry, replayed
-    assert "job-1" not in s.records and s.finished == {"job-1": 4}
+    assert "job-1" not in s.open and s.revisions == {"job-1": 4}
 
     s._apply_watch(Entry("job-1", 5, None, "DEL"))
-    assert s.finished == {} and "job-1" not in s.records
+    assert s.revisions == {} and "job-1" not in s.open

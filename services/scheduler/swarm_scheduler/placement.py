@@ -85,6 +85,14 @@ def free_capacity(worker: WorkerInfo, jobs: Iterable[JobRecord]) -> Capacity:
     return total(worker) - held(jobs).get(worker.worker_id, Capacity(0, 0))
 
 
+def _grouped(capacities: dict[str, Capacity]) -> dict[Capacity, list[str]]:
+    """Worker ids by capacity, each group sorted."""
+    groups: dict[Capacity, list[str]] = {}
+    for wid in sorted(capacities):
+        groups.setdefault(capacities[wid], []).append(wid)
+    return groups
+
+
 class Pool:
     """The alive workers as placement sees them: by id, their total capacity, and their ids
     grouped by total capacity (each group sorted).
@@ -97,9 +105,7 @@ class Pool:
         self.workers = list(workers)
         self.by_id = {w.worker_id: w for w in self.workers}
         self.totals = {w.worker_id: total(w) for w in self.workers}
-        self.groups: dict[Capacity, list[str]] = {}
-        for wid in sorted(self.totals):
-            self.groups.setdefault(self.totals[wid], []).append(wid)
+        self.groups = _grouped(self.totals)
 
 
 class FreeIndex:
@@ -111,9 +117,7 @@ class FreeIndex:
 
     def __init__(self, free: dict[str, Capacity]) -> None:
         self.free = dict(free)
-        self.groups: dict[Capacity, list[str]] = {}
-        for wid in sorted(self.free):
-            self.groups.setdefault(self.free[wid], []).append(wid)
+        self.groups = _grouped(self.free)
 
     @classmethod
     def of_pool(cls, pool: Pool, used: dict[str, Capacity]) -> FreeIndex:

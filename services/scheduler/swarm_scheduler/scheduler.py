@@ -64,13 +64,12 @@ class Scheduler:
         self.broker = broker
         self.subjects = Subjects(settings.namespace)
         self.workers = WorkerTable(settings.worker_timeout_s)
-        # The live view of the jobs bucket. Only records not yet terminal are kept whole
-        # (job id -> (record, KV revision)), so that neither a placement pass nor the garbage
-        # collector's full passes grow with the history of finished jobs; of a finished job
-        # only the revision is kept (enough to tell a stale watch entry from a newer one).
-        self.records: dict[str, tuple[JobRecord, int]] = {}
-        self.open: dict[str, JobRecord] = {}  # the records alone
-        self.finished: dict[str, int] = {}
+        # The live view of the jobs bucket: the KV revision of every record, and the records
+        # themselves only while not yet terminal, so that neither a placement pass nor the
+        # garbage collector's full passes grow with the history of finished jobs (of those
+        # the revision is enough to tell a stale watch entry from a newer one).
+        self.revisions: dict[str, int] = {}
+        self.open: dict[str, JobRecord] = {}
         # worker id -> capacity its assigned and running records hold, kept up to date on
         # every change of the view, so that a placement pass need not add up every open job.
         self._held: dict[str, Capacity] = {}
@@ -166,13 +165,12 @@ class Scheduler:
                 self._parked[key] = entry
             return
         if entry.operation in (KV_DEL, KV_PURGE) or not entry.value:  # type: ignore[attr-defined]
-            gone = self.records.pop(key, None)
-            self.open.pop(key, None)
-            self.finished.pop(key, None)
+            gone = self.open.pop(key, None)
+            self.revisions.pop(key, None)
             if gone is not None:
-                self._hold(gone[0], -1)
+                self._hold(gone, -1)
             return
-        if self._revision(key) < revision:
+        if self.revisions.get(key, 0) < revision:
             self._store(JobRecord.model_validate_json(entry.value), revision)  # type: ignore[attr-defined]
 
     @contextlib.contextmanager
@@ -191,30 +189,26 @@ class Scheduler:
     def _remember(self, record: JobRecord, revision: int) -> None:
         # Our own writes go into the view at once: capacity must never be computed from a
         # view that misses an assignment we just made.
-        if self._revision(record.job_id) < revision:
+        if self.revisions.get(record.job_id, 0) < revision:
             self._store(record, revision)
 
-    def _revision(self, job_id: str) -> int:
-        """The revision of the job's record in the view (0: not in it)."""
-        cached = self.records.get(job_id)
-        return cached[1] if cached is not None else self.finished.get(job_id, 0)
+    def finished(self, job_id: str) -> bool:
+        """Whether the view has the job's record, terminal (and therefore not kept whole)."""
+        return job_id in self.revisions and job_id not in self.open
 
     def _store(self, record: JobRecord, revision: int) -> None:
         job_id = record.job_id
-        previous = self.records.get(job_id)
+        previous = self.open.get(job_id)
         if previous is not None:
-            self._hold(previous[0], -1)
+            self._hold(previous, -1)
+        self.revisions[job_id] = revision
         if record.state.terminal:
-            self.records.pop(job_id, None)
             self.open.pop(job_id, None)
-            self.finished[job_id] = revision
             self._listed.pop(job_id, None)
             self._running_seen.pop(job_id, None)
         else:
             self._hold(record, +1)
-            self.records[job_id] = (record, revision)
             self.open[job_id] = record
-            self.finished.pop(job_id, None)
 
     def _hold(self, record: JobRecord, sign: int) -> None:
         """Add (+1) or take back (-1) what ``record`` holds on its worker."""
@@ -245,12 +239,13 @@ class Scheduler:
         # Fast path: compare-and-set against the view's revision, saving a read; a conflict
         # (the view was behind) falls back to read-modify-write.
         # A no-op on the view is re-checked on the bucket, in case the view was behind.
-        cached = self.records.get(job_id)
+        cached = self.open.get(job_id)
         if cached is not None:
-            new = stamped(copy_record(cached[0]))
+            new = stamped(copy_record(cached))
             if new is not None:
+                revision = self.revisions[job_id]
                 with contextlib.suppress(Conflict), self._writing_to(job_id):
-                    self._remember(new, await self.jobs.update(job_id, new, cached[1]))
+                    self._remember(new, await self.jobs.update(job_id, new, revision))
                     return new
         with self._writing_to(job_id):
             written = await self.jobs.modify(job_id, stamped)
@@ -271,12 +266,13 @@ class Scheduler:
         job_id = submission.job_id or job_id_for(submission.tenant, idempotency_key)
         # The view answers for duplicates; a record it has not seen yet makes the create
         # below fail, which settles it without a read per submission.
-        existing = self.records.get(job_id)
-        if existing is None and job_id in self.finished:
-            existing = await self.jobs.get(job_id)  # of a finished job the view keeps no record
+        existing = self.open.get(job_id)
+        if existing is None and self.finished(job_id):
+            found = await self.jobs.get(job_id)  # of a finished job the view keeps no record
+            existing = found[0] if found is not None else None
         if existing is not None:
             log.info("duplicate submission of %s dropped", job_id)
-            return existing[0]
+            return existing
 
         record = JobRecord(job_id=job_id, tenant=submission.tenant, spec=submission.spec)
         record.trace_parent = traceparent()  # the submit span: the job's trace continues from it
@@ -331,21 +327,22 @@ class Scheduler:
     async def on_job_event(self, event: AnyJobEvent) -> None:
         if event.event in ("queued", "assigned", "requeued"):
             return  # our own; already in the record
-        if event.job_id in self.finished:
+        if self.finished(event.job_id):
             # A finished record never changes again (``apply_event``): an event of a finished
             # job, late or stale, needs no read of the bucket.
             log.debug("ignored %s of finished job %s", event.event, event.job_id)
             return
-        found = self.records.get(event.job_id)
-        if found is None or event.attempt > found[0].attempt:
+        record = self.open.get(event.job_id)
+        if record is None or event.attempt > record.attempt:
             found = await self.jobs.get(event.job_id)  # the view may be behind a new attempt
-        if found is not None and is_stale(found[0], event):
+            record = found[0] if found is not None else None
+        if record is not None and is_stale(record, event):
             log.warning(
                 "rejected %s from stale attempt %d of %s (current attempt %d)",
                 event.event,
                 event.attempt,
                 event.job_id,
-                found[0].attempt,
+                record.attempt,
             )
             return
         new = await self._modify(event.job_id, lambda r: apply_event(r, event))
@@ -512,7 +509,7 @@ class Scheduler:
         changed = [
             (job_id, reason)
             for job_id, reason in result.waiting.items()
-            if (record := self.records[job_id][0]).reason != reason and record.updated_at < settled
+            if (record := self.open[job_id]).reason != reason and record.updated_at < settled
         ]
         await _gather(
             self._modify(job_id, lambda r, why=reason: _with_reason(r, why))
@@ -531,10 +528,10 @@ class Scheduler:
         return self._datasets[key]
 
     async def _assign(self, job_id: str, worker_id: str) -> None:
-        cached = self.records.get(job_id)  # gone if it finished (was cancelled) since the plan
-        if cached is None:
+        record = self.open.get(job_id)  # gone if it finished (was cancelled) since the plan
+        if record is None:
             return
-        record, revision = cached
+        revision = self.revisions[job_id]
         if record.state != JobState.queued or record.base_model is None:
             return
         dataset = await self._dataset(record.tenant, record.spec.dataset)
@@ -585,8 +582,8 @@ class Scheduler:
 
     async def _place(self, job_id: str, worker_id: str) -> None:
         """``_assign`` in a span of the job's trace (its record keeps where the trace is)."""
-        cached = self.records.get(job_id)  # gone if the record was deleted since the plan
-        parent = cached[0].trace_parent if cached else None
+        cached = self.open.get(job_id)  # gone if the job finished since the plan
+        parent = cached.trace_parent if cached else None
         attributes = {"swarm.job_id": job_id, "swarm.worker_id": worker_id}
         with child_span(self.tracer, "scheduler.place", parent, **attributes):
             await self._assign(job_id, worker_id)
