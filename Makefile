@@ -4,11 +4,11 @@ SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.swarm-installed
-PACKAGES := libs/common services/scheduler services/registry services/telemetry services/gateway services/trainer sdk
-PYPROJECTS := $(addsuffix /pyproject.toml,$(PACKAGES)) requirements-dev.txt
+PACKAGES := libs/contracts libs/runtime services/scheduler services/registry services/telemetry services/gateway services/trainer services/sweeps services/inference sdk
+PYPROJECTS := $(addsuffix /pyproject.toml,$(PACKAGES)) requirements-dev.txt services/trainer/constraints.txt
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup demo test clean nats-server asyncapi chromium bench
+.PHONY: setup demo test typecheck clean nats-server asyncapi chromium bench
 
 setup: $(STAMP) nats-server
 
@@ -18,7 +18,7 @@ $(STAMP): $(PYPROJECTS)
 	$(PY) -m pip install -q --upgrade pip
 	# torch first, pinned: anything else pulling in "torch" would fetch several GB of CUDA wheels.
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q $(addprefix -e ,$(filter-out sdk,$(PACKAGES))) -e 'sdk[plot]' -r requirements-dev.txt
+	$(PY) -m pip install -q -c services/trainer/constraints.txt $(addprefix -e ,$(filter-out sdk,$(PACKAGES))) -e 'sdk[plot,providers]' -r requirements-dev.txt
 	touch $(STAMP)
 
 nats-server:
@@ -46,9 +46,13 @@ chromium:
 demo: setup
 	$(VENV)/bin/swarm demo
 
-test: setup chromium
+test: setup chromium typecheck
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/pytest
+	$(VENV)/bin/pytest -n 2 --dist loadfile
+
+# mypy over every package; editable installs are invisible to it, so it gets the package roots.
+typecheck: setup
+	MYPYPATH=$(subst $(eval) ,:,$(PACKAGES)) $(VENV)/bin/mypy $(filter-out %.egg-info/,$(foreach p,$(PACKAGES),$(wildcard $(p)/swarm*/)))
 
 clean:
 	rm -rf $(VENV) .swarm
@@ -60,3 +64,5 @@ asyncapi: setup
 bench: setup
 	$(PY) bench/train_throughput.py
 	$(PY) bench/scheduler.py --workers 100 1000 --burst 2000 --seconds 10 --repeat 5
+	$(PY) bench/inference.py --adapters 1 8 32 --requests 32 --tokens 16 --repeats 3 --threads 1
+	$(PY) bench/model_cache.py --repeats 3 --link-mbit 0 200

@@ -33,16 +33,18 @@ from pathlib import Path
 
 import nats
 
-from swarm_common.datasets import DatasetInfo, dataset_id_for, dataset_store_key
-from swarm_common.envelope import CloudEvent, envelope
-from swarm_common.events import Started, Succeeded
-from swarm_common.jobs import AdapterRef, JobSpec, JobSubmission, job_id_for, utcnow
-from swarm_common.records import RecordTable
-from swarm_common.settings import Settings
-from swarm_common.store import open_store
-from swarm_common.subjects import Subjects
-from swarm_common.topology import ensure_topology, kv_bucket
-from swarm_common.workers import Heartbeat, Resources, RunningJob
+from swarm_contracts.datasets import DatasetInfo, dataset_id_for
+from swarm_contracts.envelope import CloudEvent, envelope
+from swarm_contracts.events import Started, Succeeded
+from swarm_contracts.jobs import AdapterRef, JobSpec, JobSubmission, job_id_for, utcnow
+from swarm_contracts.layout import dataset_key
+from swarm_contracts.providers import ATTEMPT_TOKEN_HEADER
+from swarm_contracts.subjects import Subjects
+from swarm_contracts.workers import Heartbeat, Resources, RunningJob
+from swarm_runtime.records import RecordTable
+from swarm_runtime.settings import Settings
+from swarm_runtime.store import open_store
+from swarm_runtime.topology import ensure_topology, kv_bucket
 
 DATASET_SHA = "cd" * 32
 
@@ -149,7 +151,7 @@ class Bench:
                 id=self.dataset_id,
                 tenant="default",
                 sha256=DATASET_SHA,
-                store_key=dataset_store_key("default", DATASET_SHA),
+                store_key=dataset_key("default", DATASET_SHA),
                 format="text",
                 examples=10,
                 bytes=100,
@@ -215,7 +217,8 @@ class Bench:
         # The scheduler must accept what the template makes: check one against the contract.
         sample = self.heartbeat_bytes("sim-check", utcnow().isoformat())
         parsed = CloudEvent[Heartbeat].model_validate_json(sample)
-        assert parsed.data.worker_id == "sim-check" and parsed.time > stamp, sample
+        assert parsed.data.worker_id == "sim-check", sample
+        assert parsed.time > stamp, sample
         # Job events and submissions: the models' own JSON, with the per-message fields set
         # per message (checked against the contract the same way).
         adapter = AdapterRef(name="bench", version=1, store_key="adapters/default/bench/1")
@@ -252,7 +255,7 @@ class Bench:
         job_id, attempt, wid = data["job_id"], data["attempt"], data["worker_id"]
         self.assigned.setdefault(job_id, now)
         # Kept until done: the loop holds tasks only weakly.
-        task = asyncio.create_task(self.run_job(job_id, attempt, wid))
+        task = asyncio.create_task(self.run_job(job_id, attempt, wid, data.get("attempt_token")))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -272,14 +275,17 @@ class Bench:
             }
         ).encode()
 
-    async def run_job(self, job_id: str, attempt: int, wid: str) -> None:
+    async def run_job(self, job_id: str, attempt: int, wid: str, token: str | None) -> None:
         ids = {"job_id": job_id, "attempt": attempt}
         started = self._started | ids | {"worker_id": wid}
+        # As a trainer does: the attempt's token, without which the scheduler ignores events.
+        headers = {ATTEMPT_TOKEN_HEADER: token} if token else None
         for name, data in (("started", started), ("succeeded", self._succeeded | ids)):
             await self.js.publish(
                 self.s.job_event(job_id, name),
                 self.event_bytes(f"swarm.job.{name}", job_id, data),
                 stream=self.s.events_stream,
+                headers=headers,
             )
 
     # --- load -----------------------------------------------------------------------------

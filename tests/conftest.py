@@ -2,19 +2,28 @@
 
 from __future__ import annotations
 
+import logging
+import os
 import shutil
 import socket
 import subprocess
 import threading
 import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import uvicorn
 
-from swarm_common.settings import Settings
+from swarm_runtime.settings import Settings
+
+# Trainer agents that tests start, in this process or as child processes (which inherit the
+# environment), skip their self-benchmark: seconds of CPU each on a loaded machine.
+# tests/trainer/test_benchmark.py turns it on where it is what is tested.
+os.environ.setdefault("SWARM_BENCHMARK_S", "0")
 
 
 def free_port() -> int:
@@ -134,3 +143,66 @@ def settings(nats_server: NatsServer, namespace: str, tmp_path: Path) -> Setting
         store_url=(tmp_path / "store").as_uri(),
         work_dir=tmp_path / "work",
     )
+
+
+def _wait_http(url: str, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=1):
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise TimeoutError(f"{url} never answered")
+
+
+@dataclass
+class S3Server:
+    kind: str
+    endpoint: str
+    access_key: str
+    secret_key: str
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    """A real S3 HTTP server on a free port for the whole session (tests of the S3 store, of
+    the registry's store signer and of workers without store keys)."""
+    minio = shutil.which("minio")
+    if minio:
+        port, console = free_port(), free_port()
+        user, password = "swarm-test", "swarm-test-secret"
+        env = {**os.environ, "MINIO_ROOT_USER": user, "MINIO_ROOT_PASSWORD": password}
+        proc = subprocess.Popen(
+            [
+                minio,
+                "server",
+                "--quiet",
+                "--address",
+                f"127.0.0.1:{port}",
+                "--console-address",
+                f"127.0.0.1:{console}",
+                str(tmp_path_factory.mktemp("minio")),
+            ],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            _wait_http(f"http://127.0.0.1:{port}/minio/health/live")
+            yield S3Server("minio", f"http://127.0.0.1:{port}", user, password)
+        finally:
+            proc.terminate()
+            proc.wait(10)
+        return
+
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        yield S3Server("moto", f"http://127.0.0.1:{port}", "testing", "testing-secret")
+    finally:
+        server.stop()

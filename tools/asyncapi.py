@@ -12,9 +12,9 @@ from pathlib import Path
 import yaml
 from faststream.specification import AsyncAPI
 
-from swarm_common.settings import Settings
+from swarm_runtime.settings import Settings
 
-SERVICES = ("scheduler", "trainer", "registry", "telemetry")
+SERVICES = ("scheduler", "trainer", "registry", "telemetry", "sweeps", "inference")
 OUT = Path(__file__).resolve().parent.parent / "docs" / "asyncapi"
 
 
@@ -25,6 +25,8 @@ def render(service: str) -> str:
     app = getattr(app, "app", app)  # telemetry wraps its FastStream app with an HTTP server
     for intake in app.context.get("intakes") or []:  # handlers on plain nats-py (the scheduler)
         intake.document(app.broker)
+    for declare in app.context.get("documented") or []:  # subscribed at run time (inference)
+        declare(app.broker)
     spec = AsyncAPI(app.broker, title=f"Swarm {service}", version="1.0.0")
     # FastStream lists channels in no fixed order; sorted keys keep the files diff-able.
     return yaml.safe_dump(yaml.safe_load(spec.to_specification().to_yaml()), sort_keys=True)

@@ -2,6 +2,7 @@
 
 from swarm.aio import AsyncClient
 from swarm.client import Client
+from swarm.completions import Completion, CompletionChunk
 from swarm.errors import (
     AuthError,
     NotFoundError,
@@ -15,6 +16,8 @@ __all__ = [
     "AsyncClient",
     "AuthError",
     "Client",
+    "Completion",
+    "CompletionChunk",
     "JobStreamEvent",
     "NotFoundError",
     "ServiceUnavailableError",

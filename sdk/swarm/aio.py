@@ -13,19 +13,35 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, TypeVar
 
+import anyio
 import httpx
 
 from swarm import api
-from swarm.archive import extract_adapter
+from swarm.archive import BASE_DIR, extract_adapter, point_at_base
 from swarm.client import SSE_TIMEOUT, auth_headers, model_files
+from swarm.completions import TIMEOUT as COMPLETION_TIMEOUT
+from swarm.completions import (
+    Completion,
+    CompletionChunk,
+    Kind,
+    Messages,
+    Sampling,
+    as_messages,
+    read_completion,
+    read_event,
+)
+from swarm.completions import body as completion_body
 from swarm.config import resolve
 from swarm.errors import ServiceUnavailableError, raise_for, unreachable
 from swarm.sse import JobStreamEvent, Resume, SSEDecoder
-from swarm_common.datasets import DatasetInfo
-from swarm_common.jobs import JobRecord, JobSpec
-from swarm_common.metrics import JobMetrics
-from swarm_common.registry import AdapterVersion, ExportResult, ModelVersion
-from swarm_common.workers import WorkerInfo
+from swarm_contracts.datasets import DatasetInfo
+from swarm_contracts.inference import InferenceHeartbeat
+from swarm_contracts.jobs import JobRecord, JobSpec
+from swarm_contracts.memory import MemoryEstimate
+from swarm_contracts.metrics import JobMetrics
+from swarm_contracts.registry import AdapterVersion, ExportResult, ModelVersion
+from swarm_contracts.sweeps import SWEEP_TERMINAL_EVENTS, SweepDetail, SweepRecord, SweepSpec
+from swarm_contracts.workers import WorkerBenchmark, WorkerInfo, WorkerOps
 
 T = TypeVar("T")
 
@@ -78,6 +94,10 @@ class AsyncClient:
     ) -> JobRecord:
         return await self._do(api.submit(spec, idempotency_key))
 
+    async def estimate(self, spec: dict[str, Any] | JobSpec) -> MemoryEstimate:
+        """The GPU memory a job would need per GPU (nothing is submitted)."""
+        return await self._do(api.estimate(spec))
+
     async def get_job(self, job_id: str) -> JobRecord:
         return await self._do(api.get_job(job_id))
 
@@ -88,8 +108,9 @@ class AsyncClient:
         limit: int = 50,
         cursor: str | None = None,
         tenant: str | None = None,
+        sweep: str | None = None,
     ) -> tuple[list[JobRecord], str | None]:
-        return await self._do(api.list_jobs(state, name, limit, cursor, tenant))
+        return await self._do(api.list_jobs(state, name, limit, cursor, tenant, sweep))
 
     async def cancel(self, job_id: str, reason: str | None = None) -> JobRecord:
         return await self._do(api.cancel(job_id, reason))
@@ -101,7 +122,11 @@ class AsyncClient:
         self, job_id: str, last_event_id: str | None = None, max_reconnects: int = 20
     ) -> AsyncIterator[JobStreamEvent]:
         """The job's events until it ends, resuming with ``Last-Event-ID`` after a drop."""
-        resume = Resume(job_id, last_event_id, max_reconnects)
+        resume = Resume(api.job_events_path(job_id), last_event_id, max_reconnects)
+        async for event in self._follow(resume):
+            yield event
+
+    async def _follow(self, resume: Resume) -> AsyncIterator[JobStreamEvent]:
         while True:
             try:
                 async with self.http.stream(
@@ -117,14 +142,14 @@ class AsyncClient:
                             continue
                         resume.seen(event)
                         yield event
-                        if event.terminal:
+                        if resume.over(event):
                             return
                 return
             except httpx.TransportError as exc:
                 delay = resume.backoff()
                 if delay is None:
                     raise ServiceUnavailableError(
-                        f"lost the event stream of {job_id}: {exc}"
+                        f"lost the event stream {resume.path}: {exc}"
                     ) from exc
                 await asyncio.sleep(delay)
 
@@ -139,14 +164,57 @@ class AsyncClient:
                     return record
                 await asyncio.sleep(poll_s)
 
+    # --- sweeps ----------------------------------------------------------------------
+    async def create_sweep(
+        self, spec: dict[str, Any] | SweepSpec, idempotency_key: str | None = None
+    ) -> SweepRecord:
+        return await self._do(api.create_sweep(spec, idempotency_key))
+
+    async def list_sweeps(
+        self,
+        state: str | None = None,
+        name: str | None = None,
+        limit: int = 50,
+        tenant: str | None = None,
+    ) -> list[SweepRecord]:
+        return await self._do(api.list_sweeps(state, name, limit, tenant))
+
+    async def get_sweep(self, sweep_id: str) -> SweepDetail:
+        return await self._do(api.get_sweep(sweep_id))
+
+    async def cancel_sweep(self, sweep_id: str, reason: str | None = None) -> SweepRecord:
+        return await self._do(api.cancel_sweep(sweep_id, reason))
+
+    async def sweep_events(
+        self, sweep_id: str, last_event_id: str | None = None, max_reconnects: int = 20
+    ) -> AsyncIterator[JobStreamEvent]:
+        """The sweep's events until it completes, fails or is cancelled."""
+        path = api.sweep_events_path(sweep_id)
+        resume = Resume(path, last_event_id, max_reconnects, ends=SWEEP_TERMINAL_EVENTS)
+        async for event in self._follow(resume):
+            yield event
+
+    async def wait_sweep(
+        self, sweep_id: str, timeout: float | None = None, poll_s: float = 1.0
+    ) -> SweepDetail:
+        """Until the sweep has ended; TimeoutError after ``timeout`` seconds."""
+        async with asyncio.timeout(timeout):
+            while True:
+                sweep = await self.get_sweep(sweep_id)
+                if sweep.state.terminal:
+                    return sweep
+                await asyncio.sleep(poll_s)
+
     # --- datasets --------------------------------------------------------------------
     async def upload_dataset(self, path: str | Path, name: str | None = None) -> DatasetInfo:
         path = Path(path)
-        with open(path, "rb") as f:
+        label = api.label(name or path.name, "name")
+        # httpx's multipart encoder wants a sync file object; reads from local disk are short.
+        with open(path, "rb") as f:  # noqa: ASYNC230
             return await self._do(
                 api.UPLOAD_DATASET,
                 files={"file": (path.name, f, "application/jsonl")},
-                data={"name": name or path.name},
+                data={"name": label},
             )
 
     async def list_datasets(self) -> list[DatasetInfo]:
@@ -159,12 +227,17 @@ class AsyncClient:
         return await self._do(api.dataset_stats(dataset_id, model))
 
     # --- models ----------------------------------------------------------------------
-    async def add_model(self, name: str, directory: str | Path) -> ModelVersion:
+    async def add_model(
+        self, name: str, directory: str | Path, hf_id: str | None = None
+    ) -> ModelVersion:
+        api.name(name, "model name")
         paths = model_files(Path(directory))
-        handles = [open(p, "rb") for p in paths]  # noqa: SIM115 - closed below, all at once
+        # Closed below, all at once; httpx's multipart encoder wants sync file objects.
+        handles = [open(p, "rb") for p in paths]  # noqa: SIM115, ASYNC230
         try:
             files = [("files", (p.name, h)) for p, h in zip(paths, handles, strict=True)]
-            return await self._do(api.ADD_MODEL, data={"name": name}, files=files)
+            data = {"name": name} | ({"hf_id": hf_id} if hf_id else {})
+            return await self._do(api.ADD_MODEL, data=data, files=files)
         finally:
             for h in handles:
                 h.close()
@@ -196,22 +269,160 @@ class AsyncClient:
         await self._do(api.delete_adapter_version(name, version))
 
     async def download_adapter(self, name: str, version: int, dest: str | Path) -> list[Path]:
+        """Fetch the version's PEFT files into directory ``dest``; return their paths."""
+        return await self._download_tar(api.download_path(name, version), Path(dest))
+
+    async def download_export(self, name: str, version: int, dest: str | Path) -> list[Path]:
+        """Fetch the merged model made by ``export_adapter`` into directory ``dest``."""
+        return await self._download_tar(api.export_download_path(name, version), Path(dest))
+
+    async def download_model(self, name: str, version: int, dest: str | Path) -> list[Path]:
+        """Fetch a base model version's ``from_pretrained`` files into directory ``dest``."""
+        return await self._download_tar(api.model_download_path(name, version), Path(dest))
+
+    async def pull_adapter_with_base(self, name: str, version: int, dest: str | Path) -> list[Path]:
+        """As ``Client.pull_adapter_with_base``: the adapter in ``dest``, its base model in
+        ``dest/base``, loadable by stock ``AutoPeftModelForCausalLM.from_pretrained(dest)``."""
+        dest = Path(dest)
+        adapter = await self.get_adapter(name, version)
+        base = adapter.lineage.base_model, adapter.lineage.base_model_version
+        files = await self.download_adapter(name, version, dest)
+        files += await self.download_model(*base, dest / BASE_DIR)
+        await asyncio.to_thread(point_at_base, dest, dest / BASE_DIR)
+        return files
+
+    async def _download_tar(self, path: str, dest: Path) -> list[Path]:
         with tempfile.TemporaryDirectory(prefix="swarm-pull-") as tmp:
-            tar_path = Path(tmp) / "adapter.tar"
+            tar_path = Path(tmp) / "files.tar"
             try:
-                async with self.http.stream(
-                    "GET", api.download_path(name, version), timeout=600.0
-                ) as resp:
+                async with self.http.stream("GET", path, timeout=600.0) as resp:
                     if not resp.is_success:
                         await resp.aread()
                         raise_for(resp)
-                    with open(tar_path, "wb") as out:
+                    async with await anyio.open_file(tar_path, "wb") as out:
                         async for chunk in resp.aiter_bytes():
-                            out.write(chunk)
+                            await out.write(chunk)
             except httpx.TransportError as exc:
                 raise unreachable(self.base_url, exc) from exc
-            return await asyncio.to_thread(extract_adapter, tar_path, Path(dest))
+            return await asyncio.to_thread(extract_adapter, tar_path, dest)
 
     # --- workers ---------------------------------------------------------------------
     async def workers(self) -> list[WorkerInfo]:
         return await self._do(api.workers())
+
+    async def cordon_worker(self, worker_id: str, reason: str = "") -> WorkerOps:
+        return await self._do(api.cordon_worker(worker_id, reason))
+
+    async def uncordon_worker(self, worker_id: str) -> WorkerOps:
+        return await self._do(api.uncordon_worker(worker_id))
+
+    async def drain_worker(
+        self, worker_id: str, move_jobs: bool = False, reason: str = ""
+    ) -> WorkerOps:
+        return await self._do(api.drain_worker(worker_id, move_jobs, reason))
+
+    async def benchmark_worker(self, worker_id: str) -> WorkerBenchmark:
+        return await self._do(api.benchmark_worker(worker_id))
+
+    async def inference_workers(self) -> list[InferenceHeartbeat]:
+        return await self._do(api.inference_workers())
+
+    # --- inference (OpenAI-compatible routes) -----------------------------------------
+    async def served_models(self) -> list[dict[str, Any]]:
+        return await self._do(api.served_models())
+
+    async def chat(
+        self,
+        model: str,
+        messages: Messages,
+        *,
+        system: str | None = None,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        stop: str | list[str] | None = None,
+        seed: int | None = None,
+    ) -> Completion:
+        return await self._complete(
+            "chat",
+            model,
+            as_messages(messages, system),
+            Sampling(max_tokens, temperature, top_p, stop, seed),
+        )
+
+    def chat_stream(
+        self,
+        model: str,
+        messages: Messages,
+        *,
+        system: str | None = None,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        stop: str | list[str] | None = None,
+        seed: int | None = None,
+    ) -> AsyncIterator[CompletionChunk]:
+        return self._stream(
+            "chat",
+            model,
+            as_messages(messages, system),
+            Sampling(max_tokens, temperature, top_p, stop, seed),
+        )
+
+    async def complete(
+        self,
+        model: str,
+        prompt: str,
+        *,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        stop: str | list[str] | None = None,
+        seed: int | None = None,
+    ) -> Completion:
+        return await self._complete(
+            "text", model, prompt, Sampling(max_tokens, temperature, top_p, stop, seed)
+        )
+
+    def complete_stream(
+        self,
+        model: str,
+        prompt: str,
+        *,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        stop: str | list[str] | None = None,
+        seed: int | None = None,
+    ) -> AsyncIterator[CompletionChunk]:
+        return self._stream(
+            "text", model, prompt, Sampling(max_tokens, temperature, top_p, stop, seed)
+        )
+
+    async def _complete(
+        self, kind: Kind, model: str, content: Any, sampling: Sampling
+    ) -> Completion:
+        path, payload = completion_body(kind, model, content, sampling, stream=False)
+        try:
+            resp = await self.http.post(path, json=payload, timeout=COMPLETION_TIMEOUT)
+        except httpx.TransportError as exc:
+            raise unreachable(self.base_url, exc) from exc
+        return read_completion(resp)
+
+    async def _stream(
+        self, kind: Kind, model: str, content: Any, sampling: Sampling
+    ) -> AsyncIterator[CompletionChunk]:
+        path, payload = completion_body(kind, model, content, sampling, stream=True)
+        try:
+            async with self.http.stream(
+                "POST", path, json=payload, timeout=COMPLETION_TIMEOUT
+            ) as resp:
+                if not resp.is_success:
+                    await resp.aread()
+                    raise_for(resp)
+                async for line in resp.aiter_lines():
+                    chunk = read_event(line)
+                    if chunk is not None:
+                        yield chunk
+        except httpx.TransportError as exc:
+            raise unreachable(self.base_url, exc) from exc

@@ -1,9 +1,14 @@
-"""Unpacking a downloaded adapter tar without trusting its member names."""
+"""Unpacking a downloaded adapter (or model) tar without trusting its member names, and
+making a pulled adapter directory loadable with its base model beside it."""
 
 from __future__ import annotations
 
+import json
 import tarfile
 from pathlib import Path
+
+# Where ``swarm adapters pull NAME --with-base`` puts the base model, inside the adapter's dir.
+BASE_DIR = "base"
 
 
 def extract_adapter(tar_path: Path, dest: Path) -> list[Path]:
@@ -13,3 +18,17 @@ def extract_adapter(tar_path: Path, dest: Path) -> list[Path]:
         members = [m for m in tar.getmembers() if m.isfile()]
         tar.extractall(dest, members=members, filter="data")
     return sorted(dest / m.name for m in members)
+
+
+def point_at_base(adapter_dir: Path, base_dir: Path) -> None:
+    """Make ``adapter_config.json`` name ``base_dir`` (absolute) as its base model.
+
+    The registered adapter names its base model by Hugging Face id or registry
+    ``name@version`` (``swarm_contracts.jobs.base_model_reference``); a local copy is only
+    found by its path, and PEFT resolves a relative one against the working directory, not
+    the adapter's, so the path written is absolute (and this file no longer matches the
+    registered sha256; every other key is kept, so peft and vLLM read it as before)."""
+    path = adapter_dir / "adapter_config.json"
+    config = json.loads(path.read_text())
+    config["base_model_name_or_path"] = str(base_dir.resolve())
+    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")

@@ -1,11 +1,12 @@
-"""The ``swarm`` command line: local stack, demo, jobs, datasets, models, adapters, workers."""
+"""The ``swarm`` command line: local stack, demo, jobs, sweeps, datasets, models, adapters,
+workers, chat."""
 
 from __future__ import annotations
 
 import json
-import subprocess
+import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -16,10 +17,16 @@ from rich.console import Console
 from rich.table import Table
 
 from swarm.client import Client, SwarmError
+from swarm.completions import as_messages
 from swarm.progress import follow, report
 from swarm.sse import JobStreamEvent
+from swarm.tiny_model import create_tiny_model
+from swarm_contracts.names import check_name
+from swarm_contracts.refs import Ref
+from swarm_contracts.workers import WorkerBenchmark, WorkerInfo, WorkerOps
 
 T = TypeVar("T", bound=BaseModel)
+R = TypeVar("R")
 
 app = typer.Typer(help="Swarm: decentralized LoRA fine-tuning.", no_args_is_help=True)
 jobs_app = typer.Typer(help="List, show, cancel and follow jobs (plain `swarm jobs` lists).")
@@ -30,11 +37,16 @@ app.add_typer(models_app, name="models")
 app.add_typer(datasets_app, name="datasets")
 adapters_app = typer.Typer(help="Registered adapters (plain `swarm adapters` lists).")
 app.add_typer(adapters_app, name="adapters")
+sweep_app = typer.Typer(help="Run a hyperparameter sweep: `swarm sweep run sweep.yaml --follow`.")
+sweeps_app = typer.Typer(help="List, show, cancel and follow sweeps (plain `swarm sweeps` lists).")
+app.add_typer(sweep_app, name="sweep")
+app.add_typer(sweeps_app, name="sweeps")
 
 console = Console()
 err = Console(stderr=True)
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable JSON output")]
+AfterOpt = Annotated[str | None, typer.Option("--after", help="only events after this event id")]
 
 
 class State:
@@ -100,7 +112,7 @@ def listing(
 ) -> None:
     """A list command's output: JSON for scripts, else a table with one row per item."""
     if as_json:
-        dump(found)  # type: ignore[arg-type]
+        dump(found)
     else:
         table(title, columns, [row(item) for item in found])
 
@@ -122,11 +134,13 @@ def table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> 
 def up(
     root: Annotated[Path, typer.Option(help="state directory")] = Path(".swarm"),
 ) -> None:
-    """Run nats-server and the five services locally until Ctrl-C."""
+    """Run nats-server and Swarm's services (inference and sweeps included) locally until Ctrl-C."""
     from swarm.local_stack import LocalStack, StackError
 
     try:
-        code = LocalStack(root, console=err).run_forever()
+        # A NATS already on the address is used only when named on purpose.
+        reuse = "SWARM_NATS_URL" in os.environ
+        code = LocalStack(root, console=err, reuse_nats=reuse).run_forever()
     except StackError as exc:
         err.print(f"[red]{exc}[/]")
         raise typer.Exit(1) from None
@@ -156,7 +170,7 @@ def load_spec(path: Path) -> dict[str, Any]:
         err.print(f"[red]cannot read {path}:[/] {exc}")
         raise typer.Exit(2) from None
     if not isinstance(spec, dict):
-        err.print(f"[red]{path} must hold a YAML mapping (a job spec)[/]")
+        err.print(f"[red]{path} must hold a YAML (or JSON) mapping: a job or sweep spec[/]")
         raise typer.Exit(2)
     return spec
 
@@ -230,6 +244,37 @@ def jobs_ls(
         jobs_table(records)
 
 
+def gib(n: int) -> str:
+    return f"{n / (1 << 30):.2f} GiB"
+
+
+@jobs_app.command("estimate")
+def jobs_estimate(
+    file: Annotated[Path, typer.Argument(help="job spec (YAML)", exists=True, dir_okay=False)],
+    as_json: JsonOpt = False,
+) -> None:
+    """Estimate the GPU memory a job would need per GPU, by term (nothing is submitted).
+
+    A GPU job is placed only on GPUs with at least this much memory."""
+    estimate = run(lambda: client().estimate(load_spec(file)))
+    if as_json:
+        dump(estimate)
+        return
+    table(
+        f"GPU memory of {file.name} on {estimate.base_model} ({estimate.tokens:,} tokens a "
+        "micro-batch)",
+        ["term", "memory"],
+        [
+            ("weights", gib(estimate.weights_bytes)),
+            (f"LoRA + AdamW ({estimate.lora_parameters:,} params)", gib(estimate.lora_bytes)),
+            ("activations", gib(estimate.activations_bytes)),
+            ("logits", gib(estimate.logits_bytes)),
+            ("CUDA runtime", gib(estimate.runtime_bytes)),
+            ("total per GPU", gib(estimate.total_bytes)),
+        ],
+    )
+
+
 @jobs_app.command("show")
 def jobs_show(
     job_id: str,
@@ -253,22 +298,14 @@ def jobs_show(
 
 
 def event_line(ev: JobStreamEvent) -> str:
-    fields = {k: v for k, v in ev.payload.items() if k not in ("event", "job_id", "spec")}
+    hidden = ("event", "job_id", "sweep_id", "spec")
+    fields = {k: v for k, v in ev.payload.items() if k not in hidden}
     return f"{ev.id:>6} {ev.event:<10} " + " ".join(f"{k}={v}" for k, v in fields.items())
 
 
-@jobs_app.command("events")
-def jobs_events(
-    job_id: str,
-    after: Annotated[
-        str | None, typer.Option("--after", help="only events after this event id")
-    ] = None,
-    as_json: JsonOpt = False,
-) -> None:
-    """Print a job's events (history, then live) until it ends; --json prints CloudEvents."""
-
+def print_events(events: Callable[[], Iterator[JobStreamEvent]], as_json: bool) -> None:
     def stream() -> None:
-        for ev in client().events(job_id, last_event_id=after):
+        for ev in events():
             if as_json:
                 # One JSON object per line (JSON Lines), so that a pipe sees each at once: the
                 # CloudEvent plus "seq", the id to resume after (--after).
@@ -277,6 +314,12 @@ def jobs_events(
                 console.print(event_line(ev), highlight=False, markup=False)
 
     run(stream)
+
+
+@jobs_app.command("events")
+def jobs_events(job_id: str, after: AfterOpt = None, as_json: JsonOpt = False) -> None:
+    """Print a job's events (history, then live) until it ends; --json prints CloudEvents."""
+    print_events(lambda: client().events(job_id, last_event_id=after), as_json)
 
 
 @jobs_app.command("cancel")
@@ -294,6 +337,129 @@ def jobs_follow(job_id: str) -> None:
     """Show a job's progress until it ends."""
     c = client()
     raise typer.Exit(report(run(lambda: follow(c, job_id, console)), console))
+
+
+# --- sweeps -------------------------------------------------------------------------------
+
+
+def sweep_ended(sweep: Any) -> int:
+    """Print how a followed sweep ended; its exit code (1 unless it completed)."""
+    from swarm.sweep_view import summary
+
+    console.print(summary(sweep))
+    return 0 if sweep.state == "completed" else 1
+
+
+@sweep_app.command("run")
+def sweep_run(
+    file: Annotated[Path, typer.Argument(help="sweep spec (YAML)", exists=True, dir_okay=False)],
+    follow_: Annotated[
+        bool, typer.Option("--follow", "-f", help="show the trials live until done")
+    ] = False,
+    idempotency_key: Annotated[str | None, typer.Option(help="dedupe retried runs")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Start a sweep; with --follow, show its trials until it ends (exit 1 unless completed)."""
+    from swarm.sweep_view import follow_sweep
+
+    c = client()
+    record = run(lambda: c.create_sweep(load_spec(file), idempotency_key=idempotency_key))
+    if as_json and not follow_:
+        dump(record)
+        return
+    spec = record.spec
+    console.print(
+        f"sweep [bold]{record.sweep_id}[/] ({spec.name}): {spec.trials} trials, "
+        f"{spec.algorithm}, {spec.max_concurrent} at a time"
+    )
+    if follow_:
+        done = run(lambda: follow_sweep(c, record.sweep_id, console))
+        if as_json:
+            dump(done)
+        raise typer.Exit(sweep_ended(done))
+
+
+@sweeps_app.callback(invoke_without_command=True)
+def sweeps_default(ctx: typer.Context, as_json: JsonOpt = False) -> None:
+    if ctx.invoked_subcommand is None:
+        sweeps_ls(as_json=as_json)
+
+
+@sweeps_app.command("ls")
+def sweeps_ls(
+    state_: Annotated[
+        str | None, typer.Option("--state", help="running, completed, failed, cancelled")
+    ] = None,
+    name: Annotated[str | None, typer.Option(help="sweep (adapter) name")] = None,
+    limit: Annotated[int, typer.Option(help="at most this many")] = 50,
+    as_json: JsonOpt = False,
+) -> None:
+    """List your sweeps, newest first."""
+    listing(
+        run(lambda: client().list_sweeps(state=state_, name=name, limit=limit)),
+        as_json,
+        "sweeps",
+        ["id", "name", "state", "algorithm", "budget", "best", "created"],
+        lambda s: (
+            s.sweep_id,
+            s.spec.name,
+            s.state,
+            s.spec.algorithm,
+            s.spec.budget,
+            f"{s.best.value:.4g} (trial {s.best.trial})" if s.best else None,
+            s.created_at.strftime("%Y-%m-%d %H:%M:%S"),
+        ),
+    )
+
+
+@sweeps_app.command("show")
+def sweeps_show(
+    sweep_id: str,
+    plot: Annotated[
+        Path | None,
+        typer.Option(help="write the metric against each parameter (scatter plots) to this PNG"),
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Show a sweep and its trials table (and plot them with --plot out.png)."""
+    from swarm.sweep_view import summary, trials_table
+
+    sweep = run(lambda: client().get_sweep(sweep_id))
+    if plot is not None:
+        from swarm.plot import write_sweep_png
+
+        run(lambda: write_sweep_png(sweep, plot))
+        err.print(f"scatter plots written to {plot}")
+    if as_json:
+        dump(sweep)
+        return
+    console.print(trials_table(sweep))
+    console.print(summary(sweep))
+
+
+@sweeps_app.command("follow")
+def sweeps_follow(sweep_id: str) -> None:
+    """Show a sweep's trials live until it ends."""
+    from swarm.sweep_view import follow_sweep
+
+    c = client()
+    raise typer.Exit(sweep_ended(run(lambda: follow_sweep(c, sweep_id, console))))
+
+
+@sweeps_app.command("events")
+def sweeps_events(sweep_id: str, after: AfterOpt = None, as_json: JsonOpt = False) -> None:
+    """Print a sweep's events (history, then live) until it ends; --json prints CloudEvents."""
+    print_events(lambda: client().sweep_events(sweep_id, last_event_id=after), as_json)
+
+
+@sweeps_app.command("cancel")
+def sweeps_cancel(sweep_id: str, as_json: JsonOpt = False) -> None:
+    """Cancel a sweep: no new trial starts, and every trial in flight is cancelled."""
+    record = run(lambda: client().cancel_sweep(sweep_id))
+    if as_json:
+        dump(record)
+    else:
+        console.print(f"cancel requested for {record.sweep_id} (was {record.state})")
 
 
 # --- adapters, workers --------------------------------------------------------------------
@@ -338,11 +504,13 @@ def adapters_ls(
 
 def parse_ref(ref: str) -> tuple[str, int | None]:
     """``name`` or ``name@version``."""
-    name, _, version = ref.partition("@")
-    if version and not version.isdigit():
-        err.print(f"[red]error:[/] {ref!r} is not NAME or NAME@VERSION")
-        raise typer.Exit(2)
-    return name, int(version) if version else None
+    try:
+        parsed = Ref.parse_versioned(ref)
+        check_name(parsed.name, "adapter name")
+    except ValueError as exc:
+        err.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from exc
+    return parsed.name, parsed.version
 
 
 @adapters_app.command("show")
@@ -363,6 +531,14 @@ def adapters_show(
 def adapters_pull(
     ref: Annotated[str, typer.Argument(help="NAME or NAME@VERSION (latest if no version)")],
     out: Annotated[Path | None, typer.Option(help="directory; default ./NAME-vVERSION")] = None,
+    with_base: Annotated[
+        bool,
+        typer.Option(
+            "--with-base",
+            help="also fetch the base model into OUT/base and point adapter_config.json at it, "
+            "so that AutoPeftModelForCausalLM.from_pretrained(OUT) loads it offline",
+        ),
+    ] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Download an adapter's PEFT files (adapter_config.json, adapter_model.safetensors)."""
@@ -372,7 +548,8 @@ def adapters_pull(
         version = run(lambda: c.get_adapter(name)).version
     assert version is not None
     dest = out or Path(f"{name}-v{version}")
-    files = run(lambda: c.download_adapter(name, version, dest))
+    pull = c.pull_adapter_with_base if with_base else c.download_adapter
+    files = run(lambda: pull(name, version, dest))
     if as_json:
         dump({"name": name, "version": version, "files": [str(f) for f in files]})
     else:
@@ -382,6 +559,9 @@ def adapters_pull(
 @adapters_app.command("export")
 def adapters_export(
     ref: Annotated[str, typer.Argument(help="NAME or NAME@VERSION (latest if no version)")],
+    download: Annotated[
+        Path | None, typer.Option(help="then fetch the merged model into this directory")
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Merge an adapter into its base model (a from_pretrained model in the store)."""
@@ -392,10 +572,15 @@ def adapters_export(
     assert version is not None
     with console.status(f"merging {name} v{version} into its base model…"):
         result = run(lambda: c.export_adapter(name, version))
+    if download is not None:
+        with console.status(f"downloading the merged model to {download}…"):
+            run(lambda: c.download_export(name, version, download))
     if as_json:
         dump(result)
     else:
         console.print(f"{result.adapter} merged into {result.base_model}: {result.store_key}")
+        if download is not None:
+            console.print(f"merged model in {download} (from_pretrained loads it)")
 
 
 @adapters_app.command("alias")
@@ -418,23 +603,306 @@ def adapters_alias(
         console.print(f"{name}:{alias} -> v{target}")
 
 
-@app.command()
-def workers(as_json: JsonOpt = False) -> None:
+workers_app = typer.Typer(
+    help="Trainer workers (plain `swarm workers` lists): cordon, uncordon, drain, benchmark."
+)
+app.add_typer(workers_app, name="workers")
+
+
+def worker_state(w: WorkerInfo) -> str:
+    """``alive``, plus what an operator asked (``alive, draining`` / ``alive, cordoned``) and
+    what the scheduler noticed (``alive, slow``)."""
+    state = w.state
+    if w.draining:
+        state = f"{w.state}, {'drained' if not w.running else 'draining'}"
+    elif w.cordoned:
+        state = f"{w.state}, cordoned"
+    return ", ".join([state, *w.flags])
+
+
+def speed(b: WorkerBenchmark | None) -> str:
+    """A worker's self-benchmark in a cell: ``652 TFLOP/s, 48,210 tok/s``."""
+    if b is None:
+        return "-"
+    busy = " (busy)" if b.busy else ""
+    return f"{b.matmul_tflops:.3g} TFLOP/s, {b.train_tokens_per_s:,.0f} tok/s{busy}"
+
+
+@workers_app.callback(invoke_without_command=True)
+def workers(ctx: typer.Context, as_json: JsonOpt = False) -> None:
     """List the workers the scheduler knows."""
+    if ctx.invoked_subcommand is not None:
+        return
     listing(
         run(lambda: client().workers()),
         as_json,
         "workers",
-        ["id", "state", "cpus free/total", "gpus free/total", "running", "last heartbeat"],
+        [
+            "id",
+            "provider",
+            "state",
+            "cpus free/total",
+            "gpus free/total",
+            "speed",
+            "running",
+            "last heartbeat",
+        ],
         lambda w: (
             w.worker_id,
-            w.state,
+            w.provider or "",
+            worker_state(w),
             f"{w.free.cpus}/{w.resources.cpus}",
             f"{len(w.free.gpus)}/{len(w.resources.gpus)}",
+            speed(w.benchmark),
             ", ".join(r.job_id for r in w.running),
             w.last_heartbeat.strftime("%H:%M:%S"),
         ),
     )
+
+
+ReasonOpt = Annotated[str, typer.Option(help="why, shown to other operators")]
+
+
+def _ops_done(ops: WorkerOps, as_json: bool, what: str) -> None:
+    if as_json:
+        dump(ops)
+    else:
+        console.print(f"worker {ops.worker_id} {what}")
+
+
+@workers_app.command("cordon")
+def workers_cordon(worker_id: str, reason: ReasonOpt = "", as_json: JsonOpt = False) -> None:
+    """No new jobs on WORKER_ID; its running jobs go on (until `uncordon`)."""
+    _ops_done(run(lambda: client().cordon_worker(worker_id, reason)), as_json, "cordoned")
+
+
+@workers_app.command("uncordon")
+def workers_uncordon(worker_id: str, as_json: JsonOpt = False) -> None:
+    """WORKER_ID takes jobs again (ends a cordon or a drain)."""
+    _ops_done(run(lambda: client().uncordon_worker(worker_id)), as_json, "schedulable again")
+
+
+@workers_app.command("drain")
+def workers_drain(
+    worker_id: str,
+    move: Annotated[
+        bool,
+        typer.Option(
+            "--move", help="checkpoint its running jobs now and resume them on other workers"
+        ),
+    ] = False,
+    reason: ReasonOpt = "",
+    as_json: JsonOpt = False,
+) -> None:
+    """No new jobs on WORKER_ID; its running jobs finish there (or, with --move, move)."""
+    ops = run(lambda: client().drain_worker(worker_id, move_jobs=move, reason=reason))
+    what = "draining: its jobs are being moved" if move else "draining: its jobs finish there"
+    _ops_done(ops, as_json, what)
+
+
+@workers_app.command("benchmark")
+def workers_benchmark(worker_id: str, as_json: JsonOpt = False) -> None:
+    """WORKER_ID measures its speed again now (a matmul and LoRA training steps)."""
+    result = run(lambda: client().benchmark_worker(worker_id))
+    if as_json:
+        dump(result)
+        return
+    console.print(
+        f"worker {worker_id}: {speed(result)} ({result.dtype} on {result.device}, "
+        f"measured in {result.duration_s:.1f} s)"
+    )
+
+
+# --- providers (admin, on the NATS host) --------------------------------------------------
+
+providers_app = typer.Typer(
+    help="Provider identities in the nats-server config: add (writes a join file), list, "
+    "remove. Run where the config is; docs/providers.md."
+)
+app.add_typer(providers_app, name="providers")
+
+ConfOpt = Annotated[
+    Path,
+    typer.Option(
+        "--conf",
+        envvar="SWARM_PROVIDERS_NATS_CONF",
+        help="nats-server config with the providers section",
+    ),
+]
+CredsDirOpt = Annotated[
+    Path,
+    typer.Option(
+        "--creds-dir", envvar="SWARM_PROVIDERS_CREDS_DIR", help="where join files are written"
+    ),
+]
+PidFileOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--pid-file",
+        envvar="SWARM_PROVIDERS_NATS_PID_FILE",
+        help="nats-server's pid file (its `pid_file` setting): it is sent SIGHUP to reload; "
+        "without one the command prints what to run",
+    ),
+]
+DEFAULT_CONF = Path("deploy/nats/nats-auth.conf")
+DEFAULT_CREDS_DIR = Path(".swarm/providers")
+
+
+def _providers(action: Callable[[], R]) -> R:
+    from swarm.providers import ProviderError
+
+    try:
+        return action()
+    except (ProviderError, ValueError, OSError) as exc:
+        err.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from None
+
+
+@providers_app.command("add")
+def providers_add(
+    name: str,
+    nats_url: Annotated[
+        str | None,
+        typer.Option(
+            "--nats-url",
+            envvar="SWARM_PROVIDERS_NATS_URL",
+            help="the URL providers reach NATS at, written into the join file",
+        ),
+    ] = None,
+    conf: ConfOpt = DEFAULT_CONF,
+    creds_dir: CredsDirOpt = DEFAULT_CREDS_DIR,
+    pid_file: PidFileOpt = None,
+) -> None:
+    """A NATS user for provider NAME (which is also its worker id) and its join file."""
+    from swarm.providers import add_provider, reload_nats
+    from swarm_contracts.subjects import Subjects
+
+    path, _ = _providers(lambda: add_provider(conf, creds_dir, name, nats_url, Subjects()))
+    console.print(f"provider {name} added to {conf}; join file: {path} (mode 600)")
+    console.print(_providers(lambda: reload_nats(pid_file)))
+    console.print(
+        f"send {path.name} to the provider over a private channel; they run "
+        f"`swarm-trainer join --creds {path.name}`"
+        + ("" if nats_url else " --nats nats://<this Swarm's NATS>:4222")
+    )
+
+
+@providers_app.command("list")
+def providers_list(conf: ConfOpt = DEFAULT_CONF, as_json: JsonOpt = False) -> None:
+    """The providers in the nats-server config."""
+    from swarm.providers import list_providers
+
+    found = _providers(lambda: list_providers(conf))
+    if as_json:
+        print(json.dumps([vars(p) for p in found], indent=2))
+    else:
+        table(
+            "providers",
+            ["name", "public key", "added"],
+            [(p.name, p.public_key, p.added) for p in found],
+        )
+
+
+@providers_app.command("remove")
+def providers_remove(
+    name: str,
+    conf: ConfOpt = DEFAULT_CONF,
+    creds_dir: CredsDirOpt = DEFAULT_CREDS_DIR,
+    pid_file: PidFileOpt = None,
+) -> None:
+    """Take provider NAME out of the config; once nats-server reloads, its connections are
+    closed and its credentials refused."""
+    from swarm.providers import reload_nats, remove_provider
+    from swarm_contracts.subjects import Subjects
+
+    deleted = _providers(lambda: remove_provider(conf, creds_dir, name, Subjects()))
+    console.print(
+        f"provider {name} removed from {conf}" + ("; join file deleted" if deleted else "")
+    )
+    console.print(_providers(lambda: reload_nats(pid_file)))
+
+
+# --- chat ---------------------------------------------------------------------------------
+
+
+def stream_answer(c: Client, model: str, messages: list[dict[str, Any]], **options: Any) -> str:
+    """Print the answer as it streams in; return it whole."""
+    parts: list[str] = []
+    for chunk in c.chat_stream(model, messages, **options):
+        if chunk.text:
+            parts.append(chunk.text)
+            # Plain stdout, unstyled: the model's text, exactly, for pipes as for terminals.
+            sys.stdout.write(chunk.text)
+            sys.stdout.flush()
+    sys.stdout.write("\n")
+    return "".join(parts)
+
+
+@app.command()
+def chat(
+    model: Annotated[
+        str, typer.Argument(help="an adapter (bot, bot@3, bot@production) or a base model")
+    ],
+    prompt: Annotated[
+        str | None,
+        typer.Option("--prompt", "-p", help="send this one message, print the answer, exit"),
+    ] = None,
+    system: Annotated[str | None, typer.Option(help="a system message, sent first")] = None,
+    max_tokens: Annotated[int | None, typer.Option("--max-tokens", min=1)] = None,
+    temperature: Annotated[float | None, typer.Option(min=0.0, max=2.0)] = None,
+    top_p: Annotated[float | None, typer.Option("--top-p", min=0.0, max=1.0)] = None,
+    seed: Annotated[int | None, typer.Option(help="same seed, same sample")] = None,
+    stop: Annotated[
+        list[str] | None, typer.Option("--stop", help="stop string (repeatable)")
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Chat with an adapter or a base model; the answer streams as it is generated.
+
+    Without --prompt: an interactive session that keeps the conversation (/reset forgets
+    it, /exit or Ctrl-D ends it). With --prompt: one answer, then exit (--json: the whole
+    answer as JSON, with usage)."""
+    c = client()
+    options: dict[str, Any] = {
+        "max_tokens": max_tokens,
+        "temperature": temperature,
+        "top_p": top_p,
+        "seed": seed,
+        "stop": stop or None,
+    }
+    if prompt is not None:
+        if as_json:
+            dump(run(lambda: c.chat(model, prompt, system=system, **options)))
+        else:
+            run(lambda: stream_answer(c, model, as_messages(prompt, system), **options))
+        return
+    if as_json:
+        err.print("[red]error:[/] --json needs --prompt (an interactive chat is not JSON)")
+        raise typer.Exit(2)
+    history: list[dict[str, Any]] = []
+    err.print(f"chatting with [bold]{model}[/] (/reset forgets the conversation, /exit ends it)")
+    while True:
+        try:
+            line = console.input("[bold cyan]you>[/] ")
+        except (EOFError, KeyboardInterrupt):
+            err.print()
+            return
+        text = line.strip()
+        if text in ("/exit", "/quit"):
+            return
+        if text == "/reset":
+            history.clear()
+            continue
+        if not text:
+            continue
+        history.append({"role": "user", "content": line})
+        try:
+            answer = stream_answer(c, model, as_messages(history, system), **options)
+        except SwarmError as exc:
+            err.print(f"[red]error:[/] {exc}")
+            history.pop()
+            continue
+        history.append({"role": "assistant", "content": answer})
 
 
 # --- models -------------------------------------------------------------------------------
@@ -469,24 +937,20 @@ def models_ls(as_json: JsonOpt = False) -> None:
 def models_add(
     name: str,
     path: Annotated[Path, typer.Argument(exists=True, file_okay=False, help="model directory")],
+    hf_id: Annotated[
+        str | None,
+        typer.Option(
+            "--hf-id", help="the Hugging Face Hub id it came from (adapters will name it)"
+        ),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Upload a HF save_pretrained directory (safetensors only) as model NAME."""
-    version = run(lambda: client().add_model(name, path))
+    version = run(lambda: client().add_model(name, path, hf_id))
     if as_json:
         dump(version)
     else:
         console.print(f"registered [bold]{version.name}@{version.version}[/] ({version.store_key})")
-
-
-def create_tiny_model(out: Path) -> None:
-    """The trainer package owns the tiny model; run it as a program so the CLI needs no torch."""
-    proc = subprocess.run([sys.executable, "-m", "swarm_trainer.tiny_model", str(out)], check=False)
-    if proc.returncode != 0:
-        raise SwarmError(
-            f"`{sys.executable} -m swarm_trainer.tiny_model {out}` failed (exit {proc.returncode});"
-            " is swarm-trainer installed (pip install -e services/trainer)?"
-        )
 
 
 @models_app.command("create-tiny")

@@ -14,7 +14,21 @@ from typing import Any, TypeVar
 import httpx
 
 from swarm import api
-from swarm.archive import extract_adapter
+from swarm.archive import BASE_DIR, extract_adapter, point_at_base
+from swarm.completions import (
+    TIMEOUT as COMPLETION_TIMEOUT,
+)
+from swarm.completions import (
+    Completion,
+    CompletionChunk,
+    Kind,
+    Messages,
+    Sampling,
+    as_messages,
+    read_completion,
+    read_event,
+)
+from swarm.completions import body as completion_body
 from swarm.config import resolve
 from swarm.errors import (
     AuthError,
@@ -27,15 +41,20 @@ from swarm.errors import (
     unreachable,
 )
 from swarm.sse import JobStreamEvent, Resume, SSEDecoder
-from swarm_common.datasets import DatasetInfo
-from swarm_common.jobs import JobRecord, JobSpec
-from swarm_common.metrics import JobMetrics
-from swarm_common.registry import AdapterVersion, ExportResult, ModelVersion
-from swarm_common.workers import WorkerInfo
+from swarm_contracts.datasets import DatasetInfo
+from swarm_contracts.inference import InferenceHeartbeat
+from swarm_contracts.jobs import JobRecord, JobSpec
+from swarm_contracts.memory import MemoryEstimate
+from swarm_contracts.metrics import JobMetrics
+from swarm_contracts.registry import AdapterVersion, ExportResult, ModelVersion
+from swarm_contracts.sweeps import SWEEP_TERMINAL_EVENTS, SweepDetail, SweepRecord, SweepSpec
+from swarm_contracts.workers import WorkerBenchmark, WorkerInfo, WorkerOps
 
 __all__ = [
     "AuthError",
     "Client",
+    "Completion",
+    "CompletionChunk",
     "JobStreamEvent",
     "NotFoundError",
     "ServiceUnavailableError",
@@ -112,6 +131,10 @@ class Client:
     ) -> JobRecord:
         return self._do(api.submit(spec, idempotency_key))
 
+    def estimate(self, spec: dict[str, Any] | JobSpec) -> MemoryEstimate:
+        """The GPU memory a job would need per GPU (nothing is submitted)."""
+        return self._do(api.estimate(spec))
+
     def get_job(self, job_id: str) -> JobRecord:
         return self._do(api.get_job(job_id))
 
@@ -122,9 +145,11 @@ class Client:
         limit: int = 50,
         cursor: str | None = None,
         tenant: str | None = None,
+        sweep: str | None = None,
     ) -> tuple[list[JobRecord], str | None]:
-        """One page of the caller's jobs, newest first, and the cursor of the next page."""
-        return self._do(api.list_jobs(state, name, limit, cursor, tenant))
+        """One page of the caller's jobs, newest first, and the cursor of the next page;
+        ``sweep``: only that sweep's trials."""
+        return self._do(api.list_jobs(state, name, limit, cursor, tenant, sweep))
 
     def cancel(self, job_id: str, reason: str | None = None) -> JobRecord:
         return self._do(api.cancel(job_id, reason))
@@ -139,7 +164,9 @@ class Client:
 
         A dropped connection is resumed with ``Last-Event-ID``, so no event is lost or repeated.
         """
-        resume = Resume(job_id, last_event_id, max_reconnects)
+        yield from self._follow(Resume(api.job_events_path(job_id), last_event_id, max_reconnects))
+
+    def _follow(self, resume: Resume) -> Iterator[JobStreamEvent]:
         while True:
             try:
                 with self.http.stream(
@@ -155,15 +182,15 @@ class Client:
                             continue
                         resume.seen(event)
                         yield event
-                        if event.terminal:
+                        if resume.over(event):
                             return
-                # The server ends the stream only once the job is over.
+                # The server ends the stream only once it is over.
                 return
             except httpx.TransportError as exc:
                 delay = resume.backoff()
                 if delay is None:
                     raise ServiceUnavailableError(
-                        f"lost the event stream of {job_id}: {exc}"
+                        f"lost the event stream {resume.path}: {exc}"
                     ) from exc
                 time.sleep(delay)
 
@@ -178,14 +205,61 @@ class Client:
                 raise TimeoutError(f"job {job_id} still {record.state} after {timeout}s")
             time.sleep(poll_s)
 
+    # --- sweeps ----------------------------------------------------------------------
+    def create_sweep(
+        self, spec: dict[str, Any] | SweepSpec, idempotency_key: str | None = None
+    ) -> SweepRecord:
+        """Start a hyperparameter sweep; the same ``idempotency_key`` never makes a second."""
+        return self._do(api.create_sweep(spec, idempotency_key))
+
+    def list_sweeps(
+        self,
+        state: str | None = None,
+        name: str | None = None,
+        limit: int = 50,
+        tenant: str | None = None,
+    ) -> list[SweepRecord]:
+        return self._do(api.list_sweeps(state, name, limit, tenant))
+
+    def get_sweep(self, sweep_id: str) -> SweepDetail:
+        """The sweep with its trials table."""
+        return self._do(api.get_sweep(sweep_id))
+
+    def cancel_sweep(self, sweep_id: str, reason: str | None = None) -> SweepRecord:
+        return self._do(api.cancel_sweep(sweep_id, reason))
+
+    def sweep_events(
+        self, sweep_id: str, last_event_id: str | None = None, max_reconnects: int = 20
+    ) -> Iterator[JobStreamEvent]:
+        """The sweep's events (created, trial_started, …) until it completes, fails or is
+        cancelled; resumed with ``Last-Event-ID`` after a drop."""
+        path = api.sweep_events_path(sweep_id)
+        yield from self._follow(
+            Resume(path, last_event_id, max_reconnects, ends=SWEEP_TERMINAL_EVENTS)
+        )
+
+    def wait_sweep(
+        self, sweep_id: str, timeout: float | None = None, poll_s: float = 1.0
+    ) -> SweepDetail:
+        """Block until the sweep has ended; raise TimeoutError after ``timeout`` seconds."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            sweep = self.get_sweep(sweep_id)
+            if sweep.state.terminal:
+                return sweep
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"sweep {sweep_id} still {sweep.state} after {timeout}s")
+            time.sleep(poll_s)
+
     # --- datasets --------------------------------------------------------------------
     def upload_dataset(self, path: str | Path, name: str | None = None) -> DatasetInfo:
         path = Path(path)
+        label = api.label(name or path.name, "name")
         with open(path, "rb") as f:
             return self._do(
                 api.UPLOAD_DATASET,
                 files={"file": (path.name, f, "application/jsonl")},
-                data={"name": name or path.name},
+                data={"name": label},
             )
 
     def list_datasets(self) -> list[DatasetInfo]:
@@ -199,13 +273,16 @@ class Client:
         return self._do(api.dataset_stats(dataset_id, model))
 
     # --- models ----------------------------------------------------------------------
-    def add_model(self, name: str, directory: str | Path) -> ModelVersion:
-        """Upload a HF ``save_pretrained`` directory (flat; safetensors weights only)."""
+    def add_model(self, name: str, directory: str | Path, hf_id: str | None = None) -> ModelVersion:
+        """Upload a HF ``save_pretrained`` directory (flat; safetensors weights only);
+        ``hf_id``: the Hub id it came from, which adapters trained on it will name."""
+        api.name(name, "model name")
         paths = model_files(Path(directory))
         handles = [open(p, "rb") for p in paths]  # noqa: SIM115 - closed below, all at once
         try:
             files = [("files", (p.name, h)) for p, h in zip(paths, handles, strict=True)]
-            return self._do(api.ADD_MODEL, data={"name": name}, files=files)
+            data = {"name": name} | ({"hf_id": hf_id} if hf_id else {})
+            return self._do(api.ADD_MODEL, data=data, files=files)
         finally:
             for h in handles:
                 h.close()
@@ -238,12 +315,34 @@ class Client:
 
     def download_adapter(self, name: str, version: int, dest: str | Path) -> list[Path]:
         """Fetch the version's PEFT files into directory ``dest``; return their paths."""
+        return self._download_tar(api.download_path(name, version), Path(dest))
+
+    def download_export(self, name: str, version: int, dest: str | Path) -> list[Path]:
+        """Fetch the merged model made by ``export_adapter`` into directory ``dest``
+        (``AutoModelForCausalLM.from_pretrained(dest)`` loads it)."""
+        return self._download_tar(api.export_download_path(name, version), Path(dest))
+
+    def download_model(self, name: str, version: int, dest: str | Path) -> list[Path]:
+        """Fetch a base model version's ``from_pretrained`` files into directory ``dest``."""
+        return self._download_tar(api.model_download_path(name, version), Path(dest))
+
+    def pull_adapter_with_base(self, name: str, version: int, dest: str | Path) -> list[Path]:
+        """The adapter's PEFT files in ``dest`` and its base model in ``dest/base``, with
+        ``base_model_name_or_path`` pointing there: stock
+        ``AutoPeftModelForCausalLM.from_pretrained(dest)`` loads it as it is."""
+        dest = Path(dest)
+        adapter = self.get_adapter(name, version)
+        base = adapter.lineage.base_model, adapter.lineage.base_model_version
+        files = self.download_adapter(name, version, dest)
+        files += self.download_model(*base, dest / BASE_DIR)
+        point_at_base(dest, dest / BASE_DIR)
+        return files
+
+    def _download_tar(self, path: str, dest: Path) -> list[Path]:
         with tempfile.TemporaryDirectory(prefix="swarm-pull-") as tmp:
-            tar_path = Path(tmp) / "adapter.tar"
+            tar_path = Path(tmp) / "files.tar"
             try:
-                with self.http.stream(
-                    "GET", api.download_path(name, version), timeout=600.0
-                ) as resp:
+                with self.http.stream("GET", path, timeout=600.0) as resp:
                     if not resp.is_success:
                         resp.read()
                         raise_for(resp)
@@ -252,8 +351,130 @@ class Client:
                             out.write(chunk)
             except httpx.TransportError as exc:
                 raise unreachable(self.base_url, exc) from exc
-            return extract_adapter(tar_path, Path(dest))
+            return extract_adapter(tar_path, dest)
 
     # --- workers ---------------------------------------------------------------------
     def workers(self) -> list[WorkerInfo]:
         return self._do(api.workers())
+
+    def cordon_worker(self, worker_id: str, reason: str = "") -> WorkerOps:
+        """No new jobs on the worker; running ones go on (admin key). Until ``uncordon``."""
+        return self._do(api.cordon_worker(worker_id, reason))
+
+    def uncordon_worker(self, worker_id: str) -> WorkerOps:
+        """The worker takes jobs again (ends a cordon or a drain; admin key)."""
+        return self._do(api.uncordon_worker(worker_id))
+
+    def drain_worker(self, worker_id: str, move_jobs: bool = False, reason: str = "") -> WorkerOps:
+        """No new jobs; running ones finish, or with ``move_jobs`` are checkpointed and resumed
+        on other workers (admin key)."""
+        return self._do(api.drain_worker(worker_id, move_jobs, reason))
+
+    def benchmark_worker(self, worker_id: str) -> WorkerBenchmark:
+        """The worker runs its self-benchmark again and answers with the result (admin key);
+        its heartbeats, and so ``workers()``, carry it from then on."""
+        return self._do(api.benchmark_worker(worker_id))
+
+    def inference_workers(self) -> list[InferenceHeartbeat]:
+        """The inference workers' latest heartbeats (admin key)."""
+        return self._do(api.inference_workers())
+
+    # --- inference (OpenAI-compatible routes) -----------------------------------------
+    def served_models(self) -> list[dict[str, Any]]:
+        """``GET /v1/models``: base models and the caller's adapters, each with ``id`` (what
+        to pass as ``model``) and ``served`` (a live inference worker holds its base)."""
+        return self._do(api.served_models())
+
+    def chat(
+        self,
+        model: str,
+        messages: Messages,
+        *,
+        system: str | None = None,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        stop: str | list[str] | None = None,
+        seed: int | None = None,
+    ) -> Completion:
+        """The answer of ``model`` (a base model, or an adapter: ``bot``, ``bot@3``,
+        ``bot@production``) to ``messages`` (a string is one user message)."""
+        return self._complete(
+            "chat",
+            model,
+            as_messages(messages, system),
+            Sampling(max_tokens, temperature, top_p, stop, seed),
+        )
+
+    def chat_stream(
+        self,
+        model: str,
+        messages: Messages,
+        *,
+        system: str | None = None,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        stop: str | list[str] | None = None,
+        seed: int | None = None,
+    ) -> Iterator[CompletionChunk]:
+        """``chat``, piece by piece; the last chunk has ``finish_reason`` and ``usage``."""
+        return self._stream(
+            "chat",
+            model,
+            as_messages(messages, system),
+            Sampling(max_tokens, temperature, top_p, stop, seed),
+        )
+
+    def complete(
+        self,
+        model: str,
+        prompt: str,
+        *,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        stop: str | list[str] | None = None,
+        seed: int | None = None,
+    ) -> Completion:
+        """A text completion of ``prompt`` (no chat template)."""
+        return self._complete(
+            "text", model, prompt, Sampling(max_tokens, temperature, top_p, stop, seed)
+        )
+
+    def complete_stream(
+        self,
+        model: str,
+        prompt: str,
+        *,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        stop: str | list[str] | None = None,
+        seed: int | None = None,
+    ) -> Iterator[CompletionChunk]:
+        return self._stream(
+            "text", model, prompt, Sampling(max_tokens, temperature, top_p, stop, seed)
+        )
+
+    def _complete(self, kind: Kind, model: str, content: Any, sampling: Sampling) -> Completion:
+        path, payload = completion_body(kind, model, content, sampling, stream=False)
+        return read_completion(
+            self._request("POST", path, json=payload, timeout=COMPLETION_TIMEOUT)
+        )
+
+    def _stream(
+        self, kind: Kind, model: str, content: Any, sampling: Sampling
+    ) -> Iterator[CompletionChunk]:
+        path, payload = completion_body(kind, model, content, sampling, stream=True)
+        try:
+            with self.http.stream("POST", path, json=payload, timeout=COMPLETION_TIMEOUT) as resp:
+                if not resp.is_success:
+                    resp.read()
+                    raise_for(resp)
+                for line in resp.iter_lines():
+                    chunk = read_event(line)
+                    if chunk is not None:
+                        yield chunk
+        except httpx.TransportError as exc:
+            raise unreachable(self.base_url, exc) from exc

@@ -40,5 +40,5 @@ def load_file(path: Path | None = None) -> dict[str, str]:
 def resolve(gateway_url: str | None = None, api_key: str | None = None) -> Connection:
     file = load_file()
     url = gateway_url or os.environ.get("SWARM_GATEWAY_URL") or file.get("gateway_url")
-    key = api_key if api_key is not None else os.environ.get("SWARM_API_KEY", file.get("api_key"))
+    key = api_key if api_key is not None else os.environ.get("SWARM_API_KEY") or file.get("api_key")
     return Connection((url or DEFAULT_GATEWAY_URL).rstrip("/"), key or None)

@@ -1,20 +1,64 @@
-"""``swarm demo``: the whole flow on one machine, from a tiny model to a registered adapter."""
+"""``swarm demo``: the whole flow on one machine, from a tiny model to a registered adapter,
+ending with the base model's and the adapter's answers to the same prompts."""
 
 from __future__ import annotations
 
 import contextlib
+import time
 import uuid
 from pathlib import Path
 
 from rich.console import Console
+from rich.table import Table
+from rich.text import Text
 
 from swarm.client import Client, SwarmError
 from swarm.demo_data import write_demo_datasets
 from swarm.local_stack import LocalStack, StackError
 from swarm.progress import follow, report
+from swarm.tiny_model import create_tiny_model
 
 BASE_MODEL = "tiny-llama"
 ADAPTER = "demo-adapter"
+# Prompts of the demo's task (swarm.demo_data): the adapter learned them, the base did not.
+PROMPTS = ("reverse moon ->", "add 3 4 ->")
+SERVED_TIMEOUT_S = 90.0
+
+
+def wait_until_served(c: Client, name: str, version: int, timeout: float) -> bool:
+    """Whether an inference worker holds base model ``name@version`` within ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        for entry in c.served_models():
+            if (entry.get("kind"), entry.get("name"), entry.get("version")) == (
+                "base_model",
+                name,
+                version,
+            ) and entry.get("served"):
+                return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(1.0)
+
+
+def compare_answers(c: Client, base: str, adapter: str, console: Console) -> None:
+    """The base model's and the adapter's greedy answers to the same prompts, side by side."""
+    name, _, version = base.partition("@")
+    if not wait_until_served(c, name, int(version), SERVED_TIMEOUT_S):
+        console.print(f"[yellow]no inference worker serves {base}: skipping the answers[/]")
+        return
+    table = Table(title="the same prompts, before and after fine-tuning")
+    for column in ("prompt", f"base {base}", f"adapter {adapter}"):
+        table.add_column(column)
+    for prompt in PROMPTS:
+        answers = [
+            c.complete(model, prompt, max_tokens=12, temperature=0.0, stop="\n").text
+            for model in (base, adapter)
+        ]
+        # Text, not markup: a model's answer may hold "[...]" that rich would eat.
+        table.add_row(Text(prompt), *(Text(repr(a)) for a in answers))
+    console.print(table)
+    console.print(f"chat with it: [bold]swarm chat {adapter}[/]")
 
 
 def demo_spec(dataset: str, validation: str, steps: int) -> dict[str, object]:
@@ -40,8 +84,6 @@ def demo_spec(dataset: str, validation: str, steps: int) -> dict[str, object]:
 def run_demo(
     url: str | None, api_key: str | None, *, steps: int, root: Path, console: Console
 ) -> int:
-    from swarm.cli import create_tiny_model
-
     with contextlib.ExitStack() as stack:
         c = Client(base_url=url, api_key=api_key)
         if c.healthy():
@@ -80,6 +122,12 @@ def run_demo(
                     f"registered adapter {adapter.name} v{adapter.version} at {adapter.store_key}"
                     f" (base {adapter.lineage.base_model}@{adapter.lineage.base_model_version},"
                     f" eval_loss {adapter.lineage.metrics.get('eval_loss', 'n/a')})"
+                )
+                compare_answers(
+                    c,
+                    f"{adapter.lineage.base_model}@{adapter.lineage.base_model_version}",
+                    f"{adapter.name}@{adapter.version}",
+                    console,
                 )
             return code
         except SwarmError as exc:

@@ -52,7 +52,12 @@ def raise_for(resp: httpx.Response) -> None:
     if resp.is_success:
         return
     try:
-        detail = resp.json().get("detail", resp.text)
+        body = resp.json()
+        # FastAPI's {"detail": ...}, or OpenAI's {"error": {"message": ...}} (inference routes).
+        if isinstance(body.get("error"), dict) and "detail" not in body:
+            detail = body["error"].get("message", resp.text)
+        else:
+            detail = body.get("detail", resp.text)
     except (json.JSONDecodeError, AttributeError, UnicodeDecodeError):
         detail = resp.text
     message = f"HTTP {resp.status_code}: {describe_detail(detail)}"

@@ -1,4 +1,4 @@
-"""``swarm up``: nats-server plus the five services as local processes, state under ``.swarm/``."""
+"""``swarm up``: nats-server plus Swarm's services as local processes, state under ``.swarm/``."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType, TracebackType
 from typing import IO
@@ -19,12 +20,13 @@ from urllib.parse import urlparse
 import httpx
 from rich.console import Console
 
-from swarm_common.settings import Settings
-
-SERVICES = ("gateway", "scheduler", "trainer", "registry", "telemetry")
+SERVICES = ("gateway", "scheduler", "trainer", "registry", "telemetry", "sweeps", "inference")
 # Services without an HTTP API of their own serve /metrics on consecutive ports from here.
-METRICS_SERVICES = ("scheduler", "registry", "trainer")
+METRICS_SERVICES = ("scheduler", "registry", "trainer", "sweeps", "inference")
 METRICS_PORT_BASE = 9101
+# `swarm up` restarts a service that dies, unless it died this often within the window.
+MAX_RESTARTS = 3
+RESTART_WINDOW_S = 60.0
 NATS_INSTALL_HINT = (
     "nats-server was not found on PATH. Install it (Debian/Ubuntu: `sudo apt-get install "
     "nats-server`, or download from https://github.com/nats-io/nats-server/releases) and retry."
@@ -56,26 +58,54 @@ def find_nats_server() -> str | None:
     )
 
 
+@dataclass(frozen=True)
+class StackAddresses:
+    """Where the local stack listens. ``from_env`` reads the variables the services' own
+    settings read (``SWARM_NATS_URL``, ``SWARM_GATEWAY_HOST``/``_PORT``,
+    ``SWARM_TELEMETRY_PORT``), so the SDK needs none of the services' runtime;
+    ``SWARM_METRICS_PORT_BASE`` moves the services' /metrics ports (two stacks on one host)."""
+
+    nats_url: str = "nats://127.0.0.1:4222"
+    gateway_host: str = "127.0.0.1"
+    gateway_port: int = 8080
+    telemetry_port: int = 8081
+    metrics_port_base: int = METRICS_PORT_BASE
+
+    @classmethod
+    def from_env(cls) -> StackAddresses:
+        env = os.environ
+        return cls(
+            nats_url=env.get("SWARM_NATS_URL", cls.nats_url),
+            gateway_host=env.get("SWARM_GATEWAY_HOST", cls.gateway_host),
+            gateway_port=int(env.get("SWARM_GATEWAY_PORT", cls.gateway_port)),
+            telemetry_port=int(env.get("SWARM_TELEMETRY_PORT", cls.telemetry_port)),
+            metrics_port_base=int(env.get("SWARM_METRICS_PORT_BASE", cls.metrics_port_base)),
+        )
+
+
 class LocalStack:
     """Start with ``start()`` (or ``with LocalStack() as stack:``), stop with ``stop()``.
 
     ``free_ports=True`` picks unused ports for NATS, the gateway and telemetry, so that a demo
-    or a test can run beside an existing stack.
+    or a test can run beside an existing stack. ``reuse_nats=True`` lets the stack use a NATS
+    already answering on its address; otherwise such a server (someone else's, perhaps
+    without JetStream) is refused rather than joined silently.
     """
 
     def __init__(
         self,
         root: Path | str = ".swarm",
         *,
-        settings: Settings | None = None,
+        settings: StackAddresses | None = None,
         free_ports: bool = False,
         services: tuple[str, ...] = SERVICES,
         console: Console | None = None,
         extra_env: dict[str, str] | None = None,
         startup_timeout_s: float = 90.0,
+        reuse_nats: bool = False,
     ) -> None:
         self.root = Path(root).resolve()
-        self.settings = settings or Settings()
+        self.settings = settings or StackAddresses.from_env()
         self.console = console or Console(stderr=True)
         self.services = services
         self.extra_env = extra_env or {}
@@ -88,13 +118,16 @@ class LocalStack:
         self.telemetry_port = free_port() if free_ports else self.settings.telemetry_port
         # /metrics of the services without an HTTP API: one port each, as they share the env.
         self.metrics_ports = {
-            svc: free_port() if free_ports else METRICS_PORT_BASE + i
+            svc: free_port() if free_ports else self.settings.metrics_port_base + i
             for i, svc in enumerate(METRICS_SERVICES)
         }
         self.nats_proc: subprocess.Popen[bytes] | None = None
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self._logs: list[IO[bytes]] = []
+        self.reuse_nats = reuse_nats
         self.reused_nats = False
+        # Restart times per service (run_forever), to give up on one that keeps dying.
+        self.restarts: dict[str, list[float]] = {}
 
     # --- addresses -------------------------------------------------------------------
     @property
@@ -139,7 +172,7 @@ class LocalStack:
         try:
             self._start_nats()
             for svc in self.services:
-                self._start_service(svc)
+                self.start_service(svc)
             self._wait_for_gateway()
         except BaseException:
             self.stop()
@@ -153,9 +186,15 @@ class LocalStack:
 
     def _start_nats(self) -> None:
         if port_answers(self.nats_host, self.nats_port):
+            if not self.reuse_nats:
+                raise StackError(
+                    f"something already answers on {self.nats_url}: another Swarm or someone "
+                    "else's NATS. Stop it, or set SWARM_NATS_URL to it to use it on purpose."
+                )
             self.reused_nats = True
             self.console.print(
-                f"[yellow]something already answers on {self.nats_url}: using it as NATS[/]"
+                f"[yellow]using the NATS already answering on {self.nats_url}[/] (JetStream "
+                "must be enabled on it)"
             )
             return
         binary = find_nats_server()
@@ -174,7 +213,8 @@ class LocalStack:
             time.sleep(0.05)
         self.console.print(f"[green]nats-server[/] on {self.nats_url} (store {store})")
 
-    def _start_service(self, svc: str) -> None:
+    def start_service(self, svc: str) -> None:
+        """Start (or start again, after it died or was killed) one service's process."""
         module = f"swarm_{svc}"
         if importlib.util.find_spec(module) is None:
             self.console.print(
@@ -206,6 +246,12 @@ class LocalStack:
             try:
                 if httpx.get(f"{self.gateway_url}/healthz", timeout=1.0).status_code == 200:
                     self.console.print(f"[bold green]gateway ready[/] at {self.gateway_url}")
+                    env = {**os.environ, **self.extra_env}
+                    if not (env.get("SWARM_API_KEYS") or env.get("SWARM_ADMIN_KEYS")):
+                        self.console.print(
+                            "[bold yellow]auth is off:[/] every caller is an admin "
+                            "(set SWARM_API_KEYS before exposing the gateway; docs/security.md)"
+                        )
                     return
             except httpx.TransportError:
                 pass
@@ -261,8 +307,32 @@ class LocalStack:
     ) -> None:
         self.stop()
 
+    def supervise(self) -> bool:
+        """Bring back what died: our nats-server (same port and store, so JetStream keeps its
+        data) and each service, unless it died ``MAX_RESTARTS`` times within
+        ``RESTART_WINDOW_S`` (then False: something is wrong that a restart will not fix)."""
+        if self.nats_proc is not None and self.nats_proc.poll() is not None:
+            code = self.nats_proc.returncode
+            self.console.print(f"[red]nats-server exited with {code}[/]: starting it again")
+            self.nats_proc = None
+            self._start_nats()
+        now = time.monotonic()
+        for svc in self.dead_services():
+            self.console.print(f"[red]{self._crash_report([svc])}[/]")
+            recent = [t for t in self.restarts.get(svc, []) if now - t < RESTART_WINDOW_S]
+            if len(recent) >= MAX_RESTARTS:
+                self.console.print(
+                    f"[red]{svc} died {len(recent) + 1} times in {RESTART_WINDOW_S:g}s: "
+                    "giving up[/]"
+                )
+                return False
+            self.restarts[svc] = [*recent, now]
+            self.start_service(svc)
+        return True
+
     def run_forever(self) -> int:
-        """Serve until SIGINT/SIGTERM or until a service dies; then stop everything."""
+        """Serve until SIGINT/SIGTERM, restarting what dies (``supervise``); then stop
+        everything."""
         stop = threading.Event()
 
         def on_signal(signum: int, _frame: FrameType | None) -> None:
@@ -274,9 +344,7 @@ class LocalStack:
             self.start()
             self.console.print("Swarm is up. Ctrl-C stops it.")
             while not stop.wait(1.0):
-                dead = self.dead_services()
-                if dead:
-                    self.console.print(f"[red]{self._crash_report(dead)}[/]")
+                if not self.supervise():
                     code = 1
                     break
         finally:

@@ -16,7 +16,7 @@ from rich.progress import (
 )
 
 from swarm.client import Client
-from swarm_common.jobs import JobRecord
+from swarm_contracts.jobs import JobRecord
 
 
 @dataclass

@@ -6,12 +6,12 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from swarm_common.events import TERMINAL_EVENTS
+from swarm_contracts.events import TERMINAL_EVENTS
 
 
 @dataclass
 class JobStreamEvent:
-    """One job event from the SSE stream: ``data`` is the whole CloudEvent."""
+    """One event from an SSE stream (a job's or a sweep's): ``data`` is the whole CloudEvent."""
 
     id: str
     event: str
@@ -24,6 +24,7 @@ class JobStreamEvent:
 
     @property
     def terminal(self) -> bool:
+        """Whether it ends a job (a sweep's stream ends with ``SWEEP_TERMINAL_EVENTS``)."""
         return self.event in TERMINAL_EVENTS
 
 
@@ -63,16 +64,19 @@ class SSEDecoder:
 
 @dataclass
 class Resume:
-    """Where a followed stream is, so that a reconnect neither loses nor repeats an event."""
+    """Where a followed stream is, so that a reconnect neither loses nor repeats an event.
 
-    job_id: str
+    ``path``: the stream (``/v1/jobs/{id}/events`` or ``/v1/sweeps/{id}/events``); ``ends``:
+    the event names after which it is over."""
+
+    path: str
     last_event_id: str | None = None
     max_reconnects: int = 20
+    ends: tuple[str, ...] = TERMINAL_EVENTS
     failures: int = 0
 
-    @property
-    def path(self) -> str:
-        return f"/v1/jobs/{self.job_id}/events"
+    def over(self, event: JobStreamEvent) -> bool:
+        return event.event in self.ends
 
     def headers(self) -> dict[str, str]:
         headers = {"Accept": "text/event-stream"}

@@ -20,9 +20,8 @@ from selenium.webdriver.chrome.service import Service
 
 from swarm.client import Client
 from swarm.demo_data import write_demo_datasets
-from swarm.local_stack import LocalStack
-from swarm_common.datasets import DatasetInfo
-from swarm_common.settings import Settings
+from swarm.local_stack import LocalStack, StackAddresses
+from swarm_contracts.datasets import DatasetInfo
 from swarm_trainer.tiny_model import create_tiny_model
 
 from ..conftest import NatsServer, free_port
@@ -94,21 +93,27 @@ class Stack:
 # its own, so two never compete for the CI machine's cores.
 @pytest.fixture(scope="module")
 def stack(nats_server: NatsServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    _binaries()  # no browser, no point starting five services
+    _binaries()  # no browser, no point starting six services
     root = tmp_path_factory.mktemp("dashboard-stack")
-    settings = Settings(
+    settings = StackAddresses(
         nats_url=nats_server.url, gateway_port=free_port(), telemetry_port=free_port()
     )
     local = LocalStack(
         root,
         settings=settings,
         console=Console(stderr=True, quiet=True),
+        reuse_nats=True,  # the session's nats-server
         extra_env={
             "SWARM_NAMESPACE": "dash" + uuid.uuid4().hex[:8],
             "SWARM_TRAINER_CPUS": "2",
             "SWARM_WORKER_ID": "dashboard-worker",
+            # The inference worker (for the playground): quick to hold the new base model.
+            "SWARM_INFERENCE_CPU_THREADS": "1",
+            "SWARM_INFERENCE_REFRESH_S": "1",
         },
     )
+    # Other stacks (tests/e2e, `swarm up`) may run beside this one.
+    local.metrics_ports = {svc: free_port() for svc in local.metrics_ports}
     with local:
         client = Client(base_url=local.gateway_url)
         client.add_model("tiny-llama", create_tiny_model(root / "tiny-llama"))

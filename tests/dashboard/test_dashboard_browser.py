@@ -14,9 +14,9 @@ from selenium.webdriver import Chrome
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
-from swarm_common.jobs import JobState
-from swarm_common.settings import Settings
+from swarm_contracts.jobs import JobState
 from swarm_gateway.app import create_app
+from swarm_runtime.settings import Settings
 
 from ..conftest import ServerThread
 from .conftest import Stack
@@ -110,17 +110,51 @@ def test_the_dashboard_draws_a_running_jobs_loss_curve_as_it_grows(
     until(browser, lambda d: d.find_elements(By.CSS_SELECTOR, '#events li[data-event="succeeded"]'))
     until(browser, lambda d: "dashboard-demo v" in d.find_element(By.ID, "job-summary").text)
     evals = int(browser.find_element(By.ID, "loss-chart").get_attribute("data-eval-points") or 0)
-    assert evals >= 1 and polyline_points(browser, "eval") == evals
+    assert evals >= 1
+    assert polyline_points(browser, "eval") == evals
     assert polyline_points(browser, "train") == MAX_STEPS
     row = browser.find_element(By.CSS_SELECTOR, row_css)
     assert row.get_attribute("data-state") == "succeeded"
 
     shot = tmp_path / "dashboard.png"
-    assert browser.save_screenshot(str(shot)) and shot.stat().st_size > 10_000
+    assert browser.save_screenshot(str(shot))
+    assert shot.stat().st_size > 10_000
     # The PNG in docs/ is documentation: refresh it only when asked to.
     if os.environ.get("SWARM_UPDATE_SCREENSHOT") == "1":
         DOCS_SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(shot, DOCS_SCREENSHOT)
+
+
+def test_the_playground_streams_a_models_answer(stack: Stack, browser: Chrome) -> None:
+    deadline = time.monotonic() + 90
+    while not any(e["id"] == "tiny-llama" and e["served"] for e in stack.client.served_models()):
+        assert time.monotonic() < deadline, "no inference worker holds tiny-llama"
+        time.sleep(0.5)
+    expected = stack.client.chat("tiny-llama", "hello there", max_tokens=12, temperature=0)
+
+    browser.get(stack.local.gateway_url + "/")
+    row_css = '#models tr[data-model-id="tiny-llama"]'
+
+    def pick(d: Chrome) -> bool:
+        row = d.find_element(By.CSS_SELECTOR, row_css)
+        if "served" not in row.text:
+            return False
+        row.click()
+        return d.find_element(By.ID, "playground-model").text == "tiny-llama"
+
+    until(browser, pick)
+    browser.find_element(By.ID, "playground-prompt").send_keys("hello there")
+    tokens = browser.find_element(By.ID, "playground-max-tokens")
+    tokens.clear()
+    tokens.send_keys("12")
+    browser.find_element(By.ID, "playground-send").click()
+    output = browser.find_element(By.ID, "playground-output")
+    until(browser, lambda _: output.get_attribute("data-state") in ("done", "error"))
+    assert output.get_attribute("data-state") == "done", output.get_attribute("textContent")
+    assert output.get_attribute("textContent") == expected.text
+    usage = browser.find_element(By.ID, "playground-usage").text
+    assert "tiny-llama@1" in usage
+    assert f"{expected.usage.completion_tokens} completion" in usage  # type: ignore[union-attr]
 
 
 def test_with_auth_on_the_page_asks_for_a_key_and_keeps_it(
@@ -159,3 +193,45 @@ def test_with_auth_on_the_page_asks_for_a_key_and_keeps_it(
         browser.find_element(By.ID, "key-save").click()
         banner = browser.find_element(By.ID, "auth-banner")
         until(browser, lambda _: banner.is_displayed() and "refused" in banner.text)
+
+
+def test_the_jobs_list_pages_by_fifties_and_the_selected_job_stays_in_view(
+    stack: Stack, browser: Chrome
+) -> None:
+    # Jobs no worker can take (a label nobody has): cheap, and they wait with a reason.
+    spec = job_spec(stack) | {"name": "dashboard-pager", "resources": {"labels": {"pool": "x"}}}
+    waiting = [
+        stack.client.submit(spec, idempotency_key=f"pager-{i}-{time.time_ns()}").job_id
+        for i in range(52)
+    ]
+    try:
+        first_page, cursor = stack.client.list_jobs(limit=50)
+        second_page, _ = stack.client.list_jobs(limit=50, cursor=cursor)
+        browser.get(stack.local.gateway_url + "/")
+        rows = "#jobs tr.job"
+        until(browser, lambda d: len(d.find_elements(By.CSS_SELECTOR, rows)) == 50)
+        newer = browser.find_element(By.ID, "jobs-newer")
+        older = browser.find_element(By.ID, "jobs-older")
+        assert not newer.is_enabled()
+        until(browser, lambda _: older.is_enabled())
+
+        older.click()
+        until(browser, lambda d: len(d.find_elements(By.CSS_SELECTOR, rows)) == len(second_page))
+        assert browser.find_element(By.ID, "jobs-page").text == "page 2"
+        shown = browser.find_element(By.ID, "jobs").get_attribute("textContent") or ""
+        assert all(job.job_id in shown for job in second_page)
+        newer.click()
+        until(browser, lambda d: len(d.find_elements(By.CSS_SELECTOR, rows)) == 50)
+        shown = browser.find_element(By.ID, "jobs").get_attribute("textContent") or ""
+        assert all(job.job_id in shown for job in first_page)
+
+        # However long the list, the selected job's panel starts within the first screen.
+        browser.find_element(By.CSS_SELECTOR, f'#jobs tr[data-job-id="{waiting[-1]}"]').click()
+        until(browser, lambda d: waiting[-1] in d.find_element(By.ID, "job-title").text)
+        top = browser.execute_script(
+            "return document.getElementById('job-panel').getBoundingClientRect().top"
+        )
+        assert top < browser.execute_script("return window.innerHeight"), top
+    finally:
+        for job_id in waiting:
+            stack.client.cancel(job_id)

@@ -1,15 +1,13 @@
-"""Structure of the container deployment and of the service packages (no Docker needed).
+"""Structure of the container deployment (no Docker needed).
 
-Parses docker-compose.yml, the Dockerfiles and the services' pyproject.toml files, and scans
-the services' imports, checking what `docker compose up` and the architecture rely on.
+Parses docker-compose.yml and the Dockerfiles, checking what `docker compose up` relies on.
+The packages' own rules (who imports whom) are in tests/test_architecture.py.
 """
 
 from __future__ import annotations
 
-import ast
 import re
 import shlex
-import tomllib
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlparse
@@ -19,9 +17,9 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"
-SERVICES = ("gateway", "scheduler", "trainer", "registry", "telemetry")
+SERVICES = ("gateway", "scheduler", "trainer", "registry", "telemetry", "sweeps", "inference")
+ML_SERVICES = ("trainer", "inference")
 INFRA = ("nats", "minio", "minio-init")
-HEAVY = ("torch", "ray", "peft", "transformers")
 HTTP_PORTS = {"gateway": 8080, "telemetry": 8081}
 
 
@@ -110,7 +108,8 @@ def test_images_pinned(services: dict[str, Any]) -> None:
         last = image.rsplit("/", 1)[-1]
         assert ":" in last or "@sha256:" in image, f"{name}: {image} has no tag"
         tag = last.split("@")[0].partition(":")[2]
-        assert tag and tag != "latest", f"{name}: {image} is not pinned"
+        assert tag, f"{name}: {image} is not pinned"
+        assert tag != "latest", f"{name}: {image} is not pinned"
         if "build" not in service:
             assert tag not in ("stable", "edge", "main", "master"), f"{name}: {image}"
 
@@ -142,7 +141,8 @@ def test_nats_jetstream_monitoring_healthcheck(
     named = [v.split(":")[0] for v in nats["volumes"] if not v.startswith((".", "/"))]
     assert set(named) <= set(compose.get("volumes") or {})
     check = healthcheck_text(nats)
-    assert "8222/healthz" in check and "js-enabled" in check
+    assert "8222/healthz" in check
+    assert "js-enabled" in check
     assert "wget" in check or "curl" in check
 
     config_flag = next((f for f in ("-c", "--config") if f in cmd), None)
@@ -150,7 +150,8 @@ def test_nats_jetstream_monitoring_healthcheck(
         target = cmd[cmd.index(config_flag) + 1]
         mount = next(v for v in nats["volumes"] if isinstance(v, str) and f":{target}" in v)
         conf = (ROOT / mount.split(":")[0]).read_text()
-        assert "jetstream" in conf and "8222" in conf
+        assert "jetstream" in conf
+        assert "8222" in conf
 
 
 def test_minio_and_bucket_init(services: dict[str, Any]) -> None:
@@ -167,7 +168,8 @@ def test_minio_and_bucket_init(services: dict[str, Any]) -> None:
     assert init["image"].startswith(("minio/mc:", "quay.io/minio/mc:"))
     assert init["depends_on"]["minio"]["condition"] == "service_healthy"
     script = " ".join(command_of(init, "entrypoint") + command_of(init))
-    assert "mc mb" in script and "/swarm" in script
+    assert "mc mb" in script
+    assert "/swarm" in script
     assert "--ignore-existing" in script or "-p" in script.split(), "must be re-runnable"
     assert init.get("restart", "no") == "no"
 
@@ -180,7 +182,7 @@ def test_service_build(services: dict[str, Any], name: str) -> None:
     build = services[name]["build"]
     assert isinstance(build, dict), "build needs a context (the repo root) and a dockerfile"
     context = (ROOT / build.get("context", ".")).resolve()
-    assert context == ROOT, "the build context must be the repo root (for libs/common)"
+    assert context == ROOT, "the build context must be the repo root (for libs/)"
     path = context / build["dockerfile"]
     assert path == ROOT / "services" / name / "Dockerfile"
     assert path.is_file()
@@ -190,12 +192,17 @@ def test_service_build(services: dict[str, Any], name: str) -> None:
 def test_service_env_wiring(services: dict[str, Any], name: str) -> None:
     env = env_of(services[name])
     nats = urlparse(env["SWARM_NATS_URL"])
-    assert nats.scheme == "nats" and nats.hostname == "nats" and nats.port == 4222
+    assert nats.scheme == "nats"
+    assert nats.hostname == "nats"
+    assert nats.port == 4222
     store = urlparse(env["SWARM_STORE_URL"])
-    assert store.scheme == "s3" and store.netloc == "swarm"
+    assert store.scheme == "s3"
+    assert store.netloc == "swarm"
     endpoint = urlparse(parse_qs(store.query)["endpoint"][0])
-    assert endpoint.hostname == "minio" and endpoint.port == 9000
-    assert env["SWARM_S3_ACCESS_KEY"] and env["SWARM_S3_SECRET_KEY"]
+    assert endpoint.hostname == "minio"
+    assert endpoint.port == 9000
+    assert env["SWARM_S3_ACCESS_KEY"]
+    assert env["SWARM_S3_SECRET_KEY"]
     # The same credentials as the MinIO root user.
     minio_env = env_of(services["minio"])
     assert env["SWARM_S3_ACCESS_KEY"] == minio_env["MINIO_ROOT_USER"]
@@ -216,7 +223,8 @@ def test_http_services_healthcheck_and_port(services: dict[str, Any], name: str)
     check = healthcheck_text(service)
     assert f":{port}/healthz" in check
     # The image has no curl/wget: the check must use what is there.
-    assert check.split()[0] in ("CMD", "CMD-SHELL") and ("python" in check)
+    assert check.split()[0] in ("CMD", "CMD-SHELL")
+    assert "python" in check
     assert port in published_ports(service)
     env = env_of(service)
     assert env[f"SWARM_{name.upper()}_HOST"] == "0.0.0.0", "must listen beyond loopback"
@@ -230,11 +238,13 @@ def test_http_services_healthcheck_and_port(services: dict[str, Any], name: str)
 def test_dockerfile(name: str) -> None:
     instructions = dockerfile_instructions(dockerfile(name))
     froms = [args for word, args in instructions if word == "FROM"]
-    assert froms and froms[-1].split()[0].startswith("python:3.11-slim")
+    assert froms
+    assert froms[-1].split()[0].startswith("python:3.11-slim")
 
     runs = [args for word, args in instructions if word == "RUN"]
-    install = next((r for r in runs if "./libs/common" in r and "pip install" in r), None)
-    assert install, "must pip install ./libs/common"
+    install = next((r for r in runs if "./libs/runtime" in r and "pip install" in r), None)
+    assert install, "must pip install ./libs/contracts ./libs/runtime"
+    assert "./libs/contracts" in install
     assert f"./services/{name}" in install
     assert "--no-cache-dir" in install
 
@@ -243,23 +253,25 @@ def test_dockerfile(name: str) -> None:
     assert not others, f"{name}'s image copies other services: {others}"
 
     users = [args for word, args in instructions if word == "USER"]
-    assert users and users[-1] not in ("root", "0"), "must run as a non-root user"
+    assert users, "must run as a non-root user"
+    assert users[-1] not in ("root", "0"), "must run as a non-root user"
 
     cmd = [args for word, args in instructions if word in ("CMD", "ENTRYPOINT")][-1]
     assert re.sub(r"\s", "", cmd) == f'["python","-m","swarm_{name}"]'
 
 
-def test_trainer_dockerfile_installs_cpu_torch_first() -> None:
-    runs = [args for word, args in dockerfile_instructions(dockerfile("trainer")) if word == "RUN"]
+@pytest.mark.parametrize("name", ML_SERVICES)
+def test_ml_dockerfiles_install_cpu_torch_first(name: str) -> None:
+    runs = [args for word, args in dockerfile_instructions(dockerfile(name)) if word == "RUN"]
     torch_at = next(i for i, r in enumerate(runs) if "torch==2.13.0" in r)
     assert "download.pytorch.org/whl/" in runs[torch_at] or "TORCH_INDEX_URL" in runs[torch_at]
-    text = dockerfile("trainer")
+    text = dockerfile(name)
     assert "download.pytorch.org/whl/cpu" in text
-    service_at = next(i for i, r in enumerate(runs) if "./services/trainer" in r)
+    service_at = next(i for i, r in enumerate(runs) if f"./services/{name}" in r)
     assert torch_at < service_at
 
 
-@pytest.mark.parametrize("name", [s for s in SERVICES if s != "trainer"])
+@pytest.mark.parametrize("name", [s for s in SERVICES if s not in ML_SERVICES])
 def test_light_dockerfiles_do_not_install_torch(name: str) -> None:
     assert "torch" not in dockerfile(name)
 
@@ -271,113 +283,8 @@ def test_dockerignore() -> None:
         if line.strip() and not line.startswith("#")
     }
     assert {".git", ".venv", ".swarm"} <= lines
-    assert "libs" not in lines and "services" not in lines
-
-
-# --- service packages -------------------------------------------------------------------
-
-
-def _requirement_names(pyproject: Path) -> list[str]:
-    project = tomllib.loads(pyproject.read_text()).get("project", {})
-    reqs = list(project.get("dependencies", []))
-    for extra in project.get("optional-dependencies", {}).values():
-        reqs.extend(extra)
-    names = []
-    for req in reqs:
-        match = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", req)
-        assert match, f"{pyproject}: cannot parse {req!r}"
-        names.append(re.sub(r"[-_.]+", "-", match.group(1)).lower())
-    return names
-
-
-@pytest.mark.parametrize("name", SERVICES)
-def test_service_pyproject_exists(name: str) -> None:
-    path = ROOT / "services" / name / "pyproject.toml"
-    assert path.is_file(), f"{path.relative_to(ROOT)} is missing"
-    project = tomllib.loads(path.read_text())["project"]
-    assert project["name"] == f"swarm-{name}"
-    assert "swarm-common" in _requirement_names(path)
-    assert (ROOT / "services" / name / f"swarm_{name}" / "__main__.py").is_file()
-
-
-@pytest.mark.parametrize("name", [*SERVICES, "libs/common", "sdk"])
-def test_only_trainer_depends_on_heavy_ml(name: str) -> None:
-    base = ROOT / (name if "/" in name or name == "sdk" else f"services/{name}")
-    path = base / "pyproject.toml"
-    if not path.is_file():
-        pytest.skip(f"{path.relative_to(ROOT)} does not exist yet")
-    names = _requirement_names(path)
-    heavy = [n for n in names if n in HEAVY]
-    if name == "trainer":
-        assert set(HEAVY) <= set(names), f"the trainer should declare {HEAVY}: {names}"
-    else:
-        assert not heavy, f"{name} must stay light but depends on {heavy}"
-
-
-# --- imports ------------------------------------------------------------------------------
-
-
-def _imported_modules(package_dir: Path) -> dict[str, set[str]]:
-    """Top-level modules imported by each .py file below package_dir."""
-    found: dict[str, set[str]] = {}
-    for path in sorted(package_dir.rglob("*.py")):
-        if any(part.endswith(".egg-info") or part in ("build", ".venv") for part in path.parts):
-            continue
-        tree = ast.parse(path.read_text(), filename=str(path))
-        mods: set[str] = set()
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Import):
-                mods.update(alias.name.split(".")[0] for alias in node.names)
-            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                mods.add(node.module.split(".")[0])
-            elif (
-                isinstance(node, ast.Call)
-                and getattr(node.func, "attr", getattr(node.func, "id", None))
-                in ("import_module", "__import__")
-                and node.args
-                and isinstance(node.args[0], ast.Constant)
-                and isinstance(node.args[0].value, str)
-            ):
-                mods.add(node.args[0].value.split(".")[0])
-        found[str(path.relative_to(ROOT))] = mods
-    return found
-
-
-@pytest.mark.parametrize("name", SERVICES)
-def test_services_do_not_import_each_other(name: str) -> None:
-    service_dir = ROOT / "services" / name
-    if not service_dir.is_dir():
-        pytest.skip(f"services/{name} does not exist yet")
-    forbidden = {f"swarm_{other}" for other in SERVICES if other != name}
-    bad = {
-        path: sorted(mods & forbidden)
-        for path, mods in _imported_modules(service_dir).items()
-        if mods & forbidden
-    }
-    assert not bad, f"services talk over NATS only, never by import: {bad}"
-
-
-def test_common_imports_no_service_and_no_heavy_ml() -> None:
-    forbidden = {f"swarm_{s}" for s in SERVICES} | set(HEAVY)
-    bad = {
-        path: sorted(mods & forbidden)
-        for path, mods in _imported_modules(ROOT / "libs" / "common").items()
-        if mods & forbidden
-    }
-    assert not bad, bad
-
-
-@pytest.mark.parametrize("name", [s for s in SERVICES if s != "trainer"])
-def test_light_services_import_no_heavy_ml(name: str) -> None:
-    service_dir = ROOT / "services" / name
-    if not service_dir.is_dir():
-        pytest.skip(f"services/{name} does not exist yet")
-    bad = {
-        path: sorted(mods & set(HEAVY))
-        for path, mods in _imported_modules(service_dir).items()
-        if mods & set(HEAVY)
-    }
-    assert not bad, f"only swarm_trainer may import {HEAVY}: {bad}"
+    assert "libs" not in lines
+    assert "services" not in lines
 
 
 # --- compose: the observability profile ---------------------------------------------------
@@ -474,8 +381,10 @@ def test_collector_wiring(services: dict[str, Any]) -> None:
     assert to_jaeger, f"traces are not exported over OTLP: {trace_exporters}"
     endpoint = to_jaeger[0]["endpoint"]
     host, _, port = endpoint.removeprefix("http://").partition(":")
-    assert host == "jaeger" and int(port) in container_ports(services["jaeger"])
-    assert int(port) == 4317 and to_jaeger[0].get("tls", {}).get("insecure") is True
+    assert host == "jaeger"
+    assert int(port) in container_ports(services["jaeger"])
+    assert int(port) == 4317
+    assert to_jaeger[0].get("tls", {}).get("insecure") is True
     assert env_of(services["jaeger"]).get("COLLECTOR_OTLP_ENABLED") == "true"
     assert 16686 in published_ports(services["jaeger"])  # the UI
 

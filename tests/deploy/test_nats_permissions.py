@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -16,33 +17,44 @@ import nats
 import nats.errors
 import pytest
 
-from swarm_common.envelope import envelope
-from swarm_common.settings import Settings
-from swarm_common.workers import Heartbeat, Resources
+from swarm_contracts.envelope import envelope
+from swarm_contracts.replies import Reply
+from swarm_contracts.workers import Heartbeat, Resources, WorkerBenchmark
 from swarm_gateway import create_app
+from swarm_runtime.settings import Settings
 
 from ..conftest import free_port, wait_for_port
 from ..scheduler.conftest import write_fake_model
+from .test_durability import nats_server_version
 
 CONFIG = Path(__file__).resolve().parents[2] / "deploy" / "nats" / "nats-auth.conf"
-SERVICES = ("gateway", "scheduler", "trainer", "registry", "telemetry")
+SERVICES = ("gateway", "scheduler", "trainer", "registry", "telemetry", "sweeps", "inference")
 
 
 def password(service: str) -> str:
     return f"pw-{service}-0123"
 
 
-@pytest.fixture(scope="module")
-def secured_nats(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    tmp = tmp_path_factory.mktemp("nats-auth")
-    # The shipped file, with only the store directory moved somewhere writable.
+def shipped_config(tmp: Path) -> Path:
+    """A copy of the shipped file, with only the store directory moved somewhere writable."""
     conf = tmp / "nats.conf"
-    conf.write_text(CONFIG.read_text().replace("store_dir: /data", f"store_dir: {tmp / 'js'}"))
+    text = CONFIG.read_text().replace("store_dir: /data", f"store_dir: {tmp / 'js'}")
+    if (nats_server_version() or (0, 0)) < (2, 10):
+        # Debian's 2.9 predates sync_interval (fsync policy only: permissions are the same).
+        text = re.sub(r"^\s*sync_interval:.*$", "", text, flags=re.M)
+    conf.write_text(text)
+    return conf
+
+
+def run_nats(conf: Path) -> Iterator[str]:
+    """nats-server with ``conf`` and every service's password in its environment; its log
+    next to the config."""
     port = free_port()
     env = os.environ | {f"{s.upper()}_NATS_PASSWORD": password(s) for s in SERVICES}
     binary = shutil.which("nats-server") or "/usr/sbin/nats-server"
+    log = conf.with_suffix(".log")
     proc = subprocess.Popen(
-        [binary, "-c", str(conf), "-a", "127.0.0.1", "-p", str(port), "-m", "0"],
+        [binary, "-c", str(conf), "-a", "127.0.0.1", "-p", str(port), "-m", "0", "-l", str(log)],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -53,6 +65,11 @@ def secured_nats(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+def secured_nats(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    yield from run_nats(shipped_config(tmp_path_factory.mktemp("nats-auth")))
 
 
 def as_service(url: str, service: str, tmp_path: Path) -> Settings:
@@ -88,6 +105,7 @@ async def denied(nc: nats.NATS, errors: list[str], subject: str) -> bool:
 async def test_services_work_and_are_fenced(secured_nats: str, tmp_path: Path) -> None:
     from swarm_registry.app import build_app as build_registry
     from swarm_scheduler.app import build_app as build_scheduler
+    from swarm_sweeps.app import build_app as build_sweeps
 
     with pytest.raises(nats.errors.Error):
         await nats.connect(secured_nats, user="gateway", password="wrong", allow_reconnect=False)
@@ -97,6 +115,7 @@ async def test_services_work_and_are_fenced(secured_nats: str, tmp_path: Path) -
     async with (
         build_registry(as_service(secured_nats, "registry", tmp_path)),
         build_scheduler(as_service(secured_nats, "scheduler", tmp_path)),
+        build_sweeps(as_service(secured_nats, "sweeps", tmp_path)),
         app.router.lifespan_context(app),
         httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as c,
     ):
@@ -109,8 +128,28 @@ async def test_services_work_and_are_fenced(secured_nats: str, tmp_path: Path) -
         ds = (await c.post("/v1/datasets", files={"file": ("d.jsonl", data)})).json()["id"]
         job = await c.post("/v1/jobs", json={"name": "bot", "base_model": "tiny", "dataset": ds})
         # 201: the scheduler (as its own user) consumed the submission and wrote the record.
-        assert job.status_code == 201 and job.json()["state"] == "queued", job.text
+        assert job.status_code == 201, job.text
+        assert job.json()["state"] == "queued", job.text
         job_id = job.json()["job_id"]
+
+        # Gateway -> sweeps (submit stream) -> scheduler: the sweep's trials are queued jobs.
+        search = {"training.lr": {"type": "log_uniform", "low": 1e-4, "high": 1e-2}}
+        sweep_spec = {
+            "name": "bot",
+            "base": {"base_model": "tiny", "dataset": ds},
+            "search": search,
+            "budget": 3,
+        }
+        sweep = await c.post("/v1/sweeps", json=sweep_spec)
+        assert sweep.status_code == 201, sweep.text
+        sweep_id = sweep.json()["sweep_id"]
+        for _ in range(100):
+            trials = (await c.get(f"/v1/sweeps/{sweep_id}")).json()["trials"]
+            if len(trials) == 2 and all(t["state"] == "queued" for t in trials):
+                break
+            await asyncio.sleep(0.1)
+        assert [t["state"] for t in trials] == ["queued", "queued"], trials
+        assert (await c.get(f"/v1/jobs/{trials[0]['job_id']}")).json()["sweep"]["id"] == sweep_id
 
         # A trainer's heartbeat reaches the scheduler, which records the worker.
         trainer, trainer_errors = await connect(secured_nats, "trainer")
@@ -128,11 +167,69 @@ async def test_services_work_and_are_fenced(secured_nats: str, tmp_path: Path) -
         assert [w["worker_id"] for w in workers] == ["w1"]
         assert not trainer_errors
 
-        # What each must not do.
+        # Gateway -> trainer: `swarm workers benchmark w1`, answered on the gateway's inbox.
+        measured = WorkerBenchmark(
+            matmul_tflops=1.5, train_tokens_per_s=9e3, device="cpu", dtype="float32", duration_s=1
+        )
+
+        async def measure(msg: nats.aio.msg.Msg) -> None:
+            await trainer.publish(msg.reply, Reply[WorkerBenchmark](ok=True, result=measured)
+                                  .model_dump_json().encode())  # fmt: skip
+
+        await trainer.subscribe("swarm.workers.w1.benchmark", cb=measure)
+        # Scheduler -> trainer: a drain with move_jobs asks the worker to hand its jobs back.
+        releases = await trainer.subscribe("swarm.workers.w1.release")
+        await trainer.flush()
+        bench = await c.post("/v1/workers/w1/benchmark")
+        assert bench.status_code == 200, bench.text
+        assert WorkerBenchmark.model_validate(bench.json()) == measured
+        scheduler, scheduler_errors = await connect(secured_nats, "scheduler")
+        await scheduler.publish("swarm.workers.w1.release", b"{}")
+        assert (await releases.next_msg(timeout=5)).subject == "swarm.workers.w1.release"
+        await scheduler.close()
+        assert not trainer_errors
+        assert not scheduler_errors
+
+        # Gateway -> inference worker: a request in the base model's queue group, answered
+        # with several chunks on the gateway's inbox; heartbeats and cancels both ways.
         gateway, gateway_errors = await connect(secured_nats, "gateway")
+        sweeps, sweeps_errors = await connect(secured_nats, "sweeps")
+        inference, inference_errors = await connect(secured_nats, "inference")
+
+        async def serve(msg: nats.aio.msg.Msg) -> None:
+            for i in range(3):
+                await inference.publish(msg.reply, f'{{"seq": {i}}}'.encode())
+
+        await inference.subscribe("swarm.inference.tiny.1.generate", "inference-tiny-1", cb=serve)
+        cancels = await inference.subscribe("swarm.inference.requests.*.cancel")
+        beats = await gateway.subscribe("swarm.inference.workers.*.heartbeat")
+        await inference.flush()  # the subscriptions are in place before anything is sent
+        await gateway.flush()
+        inbox = gateway.new_inbox()
+        answers = await gateway.subscribe(inbox)
+        await gateway.publish("swarm.inference.tiny.1.generate", b"{}", reply=inbox)
+        got = [json.loads((await answers.next_msg(timeout=5)).data)["seq"] for _ in range(3)]
+        assert got == [0, 1, 2]
+        await gateway.publish("swarm.inference.requests.r1.cancel", b"{}")
+        assert (await cancels.next_msg(timeout=5)).subject == "swarm.inference.requests.r1.cancel"
+        await inference.publish("swarm.inference.workers.i1.heartbeat", b"{}")
+        assert (await beats.next_msg(timeout=5)).subject == "swarm.inference.workers.i1.heartbeat"
+        assert not gateway_errors
+        assert not inference_errors
         try:
+            assert await denied(inference, inference_errors, "swarm.jobs.submit")
+            assert await denied(inference, inference_errors, "swarm.workers.w1.heartbeat")
+            assert await denied(inference, inference_errors, "$KV.swarm_adapters.x")
+            assert await denied(gateway, gateway_errors, "swarm.inference.workers.i1.heartbeat")
+            assert await denied(gateway, gateway_errors, f"swarm.sweeps.{sweep_id}.events.created")
+            assert await denied(sweeps, sweeps_errors, f"swarm.jobs.{job_id}.events.succeeded")
+            assert await denied(sweeps, sweeps_errors, f"$KV.swarm_jobs.{job_id}")
+            assert await denied(sweeps, sweeps_errors, "swarm.workers.w1.assign")
             assert await denied(gateway, gateway_errors, f"swarm.jobs.{job_id}.events.succeeded")
             assert await denied(gateway, gateway_errors, "swarm.workers.w1.assign")
+            assert await denied(gateway, gateway_errors, "swarm.workers.w1.heartbeat")
+            assert await denied(gateway, gateway_errors, "swarm.workers.w1.release")
+            assert await denied(trainer, trainer_errors, "swarm.workers.w2.benchmark")
             assert await denied(trainer, trainer_errors, "swarm.jobs.submit")
             assert await denied(trainer, trainer_errors, "swarm.workers.w2.assign")
             assert await denied(trainer, trainer_errors, f"$KV.swarm_jobs.{job_id}")
@@ -144,4 +241,6 @@ async def test_services_work_and_are_fenced(secured_nats: str, tmp_path: Path) -
             assert len(trainer_errors) == before
         finally:
             await gateway.close()
+            await sweeps.close()
+            await inference.close()
             await trainer.close()

@@ -1,4 +1,4 @@
-"""The whole stack as real processes: the five services on the session's nats-server."""
+"""The whole stack as real processes: the six services on the session's nats-server."""
 
 from __future__ import annotations
 
@@ -12,13 +12,14 @@ from rich.console import Console
 
 from swarm.client import Client
 from swarm.demo_data import write_demo_datasets
-from swarm.local_stack import LocalStack
-from swarm_common.datasets import DatasetInfo
-from swarm_common.registry import ModelVersion
-from swarm_common.settings import Settings
+from swarm.local_stack import LocalStack, StackAddresses
+from swarm_contracts.datasets import DatasetInfo
+from swarm_contracts.registry import ModelVersion
 from swarm_trainer.tiny_model import create_tiny_model
 
 from ..conftest import NatsServer, free_port
+
+INFERENCE_WORKER = "e2e-inference"
 
 
 @dataclass
@@ -36,17 +37,29 @@ class Stack:
 def stack(nats_server: NatsServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     root = tmp_path_factory.mktemp("stack")
     namespace = "e2e" + uuid.uuid4().hex[:8]
-    settings = Settings(
+    settings = StackAddresses(
         nats_url=nats_server.url, gateway_port=free_port(), telemetry_port=free_port()
     )
     local = LocalStack(
         root,
         settings=settings,
         console=Console(stderr=True, quiet=True),
+        reuse_nats=True,  # the session's nats-server
         extra_env={
             "SWARM_NAMESPACE": namespace,
             "SWARM_TRAINER_CPUS": "2",
             "SWARM_WORKER_ID": "e2e-worker",
+            # The inference worker: tiny-llama only (tests/e2e/test_inference.py starts
+            # others), quick to notice a new model or a dead worker.
+            "SWARM_INFERENCE_MODELS": "tiny-llama",
+            "SWARM_INFERENCE_WORKER_ID": INFERENCE_WORKER,
+            "SWARM_INFERENCE_CPU_THREADS": "1",
+            "SWARM_INFERENCE_REFRESH_S": "1",
+            "SWARM_INFERENCE_KEEPALIVE_S": "0.5",
+            "SWARM_INFERENCE_IDLE_TIMEOUT_S": "4",
+            # An idle engine waits this long for company: on a loaded 2-core machine the
+            # concurrent requests of the batching test arrive some 100 ms apart.
+            "SWARM_INFERENCE_MAX_WAIT_MS": "300",
         },
     )
     # Other stacks of the session (dashboard tests) may hold the default metrics ports.

@@ -9,8 +9,8 @@ import torch
 from safetensors.torch import load_file
 
 from swarm.errors import ValidationError
-from swarm_common.jobs import JobState
-from swarm_common.store import LocalStore
+from swarm_contracts.jobs import JobState
+from swarm_runtime.store import LocalStore
 
 from .conftest import Stack
 
@@ -56,10 +56,12 @@ def test_a_job_continues_from_a_registered_adapter(stack: Stack, tmp_path: Path)
         training=spec(stack)["training"] | {"max_steps": 2, "lr": 5e-4, "warmup_steps": 0},
     )
     submitted = client.submit(second_spec, "e2e-continue-v2")
-    assert submitted.spec.lora.r == 4 and submitted.spec.lora.target_modules == ["q_proj", "v_proj"]
+    assert submitted.spec.lora.r == 4
+    assert submitted.spec.lora.target_modules == ["q_proj", "v_proj"]
     second = client.wait(submitted.job_id, timeout=300)
     assert second.state == JobState.succeeded, second.reason
-    assert second.adapter is not None and second.adapter.version > v1
+    assert second.adapter is not None
+    assert second.adapter.version > v1
 
     v2 = client.get_adapter("e2e-continued", second.adapter.version)
     lineage = v2.lineage
@@ -73,7 +75,8 @@ def test_a_job_continues_from_a_registered_adapter(stack: Stack, tmp_path: Path)
     store = LocalStore(stack.local.store_dir)
     b1 = lora_b(store, first.adapter.store_key, tmp_path)
     b2 = lora_b(store, v2.store_key, tmp_path)
-    assert b1.keys() == b2.keys() and b1
+    assert b1.keys() == b2.keys()
+    assert b1
     for name in b1:
         moved = (b2[name] - b1[name]).norm()
         assert moved < 0.5 * b1[name].norm(), name

@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
+import time
+
+import nats
 import pytest
 import torch
 from peft import PeftModel
 from transformers import AutoModelForCausalLM
 
-from swarm_common.jobs import JobState
-from swarm_common.store import LocalStore
+from swarm.errors import NotFoundError, ValidationError
+from swarm_contracts.envelope import envelope
+from swarm_contracts.jobs import JobSpec, JobState, JobSubmission
+from swarm_contracts.subjects import Subjects
+from swarm_runtime.store import LocalStore
 
 from .conftest import Stack
 
@@ -45,8 +53,10 @@ def test_a_job_trains_and_registers_an_adapter_with_its_lineage(stack: Stack, tm
 
     record = client.wait(first.job_id, timeout=420)
     assert record.state == JobState.succeeded, record.reason
-    assert record.attempt == 1 and record.worker_id == "e2e-worker"
-    assert record.adapter is not None and record.adapter.version == 1
+    assert record.attempt == 1
+    assert record.worker_id == "e2e-worker"
+    assert record.adapter is not None
+    assert record.adapter.version == 1
 
     # The registry's version, lineage and digests match what is in the store.
     adapter = client.get_adapter("e2e-adapter", 1)
@@ -55,9 +65,11 @@ def test_a_job_trains_and_registers_an_adapter_with_its_lineage(stack: Stack, tm
     assert (lineage.job_id, lineage.attempt, lineage.tenant) == (first.job_id, 1, "default")
     assert (lineage.base_model, lineage.base_model_version) == ("tiny-llama", stack.model.version)
     assert lineage.base_model_digest == stack.model.digest
-    assert lineage.dataset == stack.train.id and lineage.dataset_digest == stack.train.sha256
+    assert lineage.dataset == stack.train.id
+    assert lineage.dataset_digest == stack.train.sha256
     assert lineage.validation_dataset == stack.validation.id
-    assert lineage.lora.r == 4 and lineage.training.max_steps == MAX_STEPS
+    assert lineage.lora.r == 4
+    assert lineage.training.max_steps == MAX_STEPS
     assert lineage.worker_id == "e2e-worker"
     assert {"adapter_config.json", "adapter_model.safetensors"} <= set(adapter.files)
     assert not any(name.endswith((".bin", ".pt", ".pkl")) for name in adapter.files)
@@ -79,6 +91,8 @@ def test_a_job_trains_and_registers_an_adapter_with_its_lineage(stack: Stack, tm
     assert not torch.allclose(base_logits, tuned_logits, atol=1e-4)
 
     # A merged export (made by a trainer agent) answers exactly like base + adapter.
+    with pytest.raises(NotFoundError, match="not exported"):
+        client.download_export("e2e-adapter", 1, tmp_path / "early")
     export = client.export_adapter("e2e-adapter", 1)
     assert export.store_key == "exports/default/e2e-adapter/1"
     assert (export.adapter, export.base_model) == (
@@ -87,10 +101,14 @@ def test_a_job_trains_and_registers_an_adapter_with_its_lineage(stack: Stack, tm
     )
     for name, sha in export.files.items():
         assert store.sha256(f"{export.store_key}/{name}") == sha
-    store.download_dir(export.store_key, tmp_path / "merged")
+    got = client.download_export("e2e-adapter", 1, tmp_path / "merged")  # checked by sha256
+    assert sorted(p.name for p in got) == sorted(export.files)
     merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged", use_safetensors=True)
     with torch.no_grad():
         assert torch.allclose(merged(input_ids=ids).logits, tuned_logits, atol=1e-4)
+    # The registry's "unknown adapter" reaches the caller through the trainer as a 404.
+    with pytest.raises(NotFoundError, match="unknown adapter"):
+        client.export_adapter("e2e-adapter", 99)
 
     # Every step of the way was an event, in order.
     names = [e.event for e in client.events(first.job_id)]
@@ -103,13 +121,49 @@ def test_a_job_trains_and_registers_an_adapter_with_its_lineage(stack: Stack, tm
     # Telemetry kept the loss curve.
     metrics = client.metrics(first.job_id)
     assert [p.step for p in metrics.train] == list(range(1, MAX_STEPS + 1))
-    assert metrics.eval and metrics.eval[-1].step == MAX_STEPS
+    assert metrics.eval
+    assert metrics.eval[-1].step == MAX_STEPS
     assert record.metrics["eval_loss"] == pytest.approx(metrics.eval[-1].eval_loss)
 
 
-def test_an_unknown_base_model_fails_the_job_with_a_reason(stack: Stack) -> None:
-    record = stack.client.submit(spec(stack, base_model="no-such-model"), idempotency_key="e2e-bad")
-    record = stack.client.wait(record.job_id, timeout=60)
+def test_an_unknown_base_model_is_refused_up_front_and_fails_a_nats_submission(
+    stack: Stack,
+) -> None:
+    # At the gateway: a 422 naming the field, and no job.
+    with pytest.raises(ValidationError, match="unknown base model no-such-model"):
+        stack.client.submit(spec(stack, base_model="no-such-model"), idempotency_key="e2e-bad")
+    # Straight onto swarm.jobs.submit (no gateway to check it): the job fails with the reason.
+    key = "e2e-bad-over-nats"
+    job_id = "job-" + hashlib.sha256(f"default\x00{key}".encode()).hexdigest()[:20]
+    body = envelope(
+        "e2e",
+        "swarm.job.submit",
+        JobSubmission(
+            tenant="default", spec=JobSpec.model_validate(spec(stack, base_model="no-such-model"))
+        ),
+    )
+
+    async def publish() -> None:
+        nc = await nats.connect(stack.local.nats_url)
+        try:
+            subject = Subjects(stack.namespace).submit
+            await nc.jetstream().publish(
+                subject, body.model_dump_json().encode(), headers={"Nats-Msg-Id": key}
+            )
+        finally:
+            await nc.close()
+
+    asyncio.run(publish())
+    # The scheduler makes the record once it has read the message.
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            stack.client.get_job(job_id)
+            break
+        except NotFoundError:
+            assert time.monotonic() < deadline, "the scheduler never recorded the job"
+            time.sleep(0.2)
+    record = stack.client.wait(job_id, timeout=60)
     assert record.state == JobState.failed
     assert "no-such-model" in (record.reason or "")
     events = list(stack.client.events(record.job_id))

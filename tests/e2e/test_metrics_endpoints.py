@@ -22,7 +22,13 @@ def scrape(port: int, timeout_s: float = 90.0) -> str:
 
 
 def test_every_service_of_the_stack_serves_its_metrics(stack: Stack) -> None:
-    assert set(stack.local.metrics_ports) == {"scheduler", "registry", "trainer"}
+    assert set(stack.local.metrics_ports) == {
+        "scheduler",
+        "registry",
+        "trainer",
+        "sweeps",
+        "inference",
+    }
     for service, port in stack.local.metrics_ports.items():
         assert f"swarm_{service}_" in scrape(port), service
     # The scheduler sees the stack's one trainer as a live worker (after its first heartbeat).

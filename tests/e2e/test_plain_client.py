@@ -42,7 +42,8 @@ async def test_a_plain_nats_client_submits_a_job_and_follows_it(stack: Stack) ->
     seen = []
     while True:
         envelope = json.loads((await sub.next_msg(timeout=300)).data)
-        assert envelope["specversion"] == "1.0" and envelope["subject"] == job_id
+        assert envelope["specversion"] == "1.0"
+        assert envelope["subject"] == job_id
         assert envelope["type"] == f"swarm.job.{envelope['data']['event']}"
         seen.append(envelope["data"]["event"])
         if seen[-1] in ("succeeded", "failed", "cancelled"):

@@ -8,8 +8,8 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from swarm_common.settings import Settings
 from swarm_gateway import create_app
+from swarm_runtime.settings import Settings
 
 from ..conftest import ServerThread
 

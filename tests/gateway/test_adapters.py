@@ -13,11 +13,11 @@ import httpx
 import nats
 import pytest
 
-from swarm_common.settings import Settings
-from swarm_common.store import ObjectStore, open_store
-from swarm_common.subjects import Subjects
+from swarm_contracts.subjects import Subjects
 from swarm_gateway import create_app
 from swarm_registry import build_app
+from swarm_runtime.settings import Settings
+from swarm_runtime.store import ObjectStore, open_store
 
 from ..registry.conftest import safetensors_bytes
 from ..registry.test_adapters import lineage, upload_output
@@ -71,24 +71,31 @@ async def test_tenant_scope_aliases_lineage_and_delete(
     by_model = await gateway.get("/v1/adapters?base_model=big", headers=ALICE)
     assert [a["version"] for a in by_model.json()["data"]] == [2]
     assert (await gateway.get("/v1/adapters/bot", headers=ALICE)).json()["version"] == 2
-    assert (await gateway.get("/v1/adapters/bot", headers=BOB)).json()["version"] == 3
-    for path in ("/v1/adapters/bot/versions/3", "/v1/adapters/bot/versions/3/lineage"):
-        assert (await gateway.get(path, headers=ALICE)).status_code == 404
+    # Version numbers are per tenant: bob's first "bot" is v1, whatever alice has.
+    bobs = (await gateway.get("/v1/adapters/bot", headers=BOB)).json()
+    assert (bobs["version"], bobs["tenant"]) == (1, "bob")
+    for path in ("/v1/adapters/bot/versions/2", "/v1/adapters/bot/versions/2/lineage"):
+        assert (await gateway.get(path, headers=BOB)).status_code == 404
 
     put = await gateway.put(
         "/v1/adapters/bot/aliases/production", json={"version": 1}, headers=ALICE
     )
     assert put.status_code == 200, put.text
-    assert put.json()["tenant"] == "alice" and put.json()["version"] == 1
+    assert put.json()["tenant"] == "alice"
+    assert put.json()["version"] == 1
     alias = await gateway.get("/v1/adapters/bot/aliases/production", headers=ALICE)
     assert alias.json()["version"] == 1
     assert (
         await gateway.get("/v1/adapters/bot/aliases/production", headers=BOB)
     ).status_code == 404
     hijack = await gateway.put(
-        "/v1/adapters/bot/aliases/production", json={"version": 1}, headers=BOB
+        "/v1/adapters/bot/aliases/production", json={"version": 2}, headers=BOB
     )
     assert hijack.status_code == 404
+    own = await gateway.put("/v1/adapters/bot/aliases/production", json={"version": 1}, headers=BOB)
+    assert own.json()["tenant"] == "bob"
+    alias = await gateway.get("/v1/adapters/bot/aliases/production", headers=ALICE)
+    assert (alias.json()["tenant"], alias.json()["version"]) == ("alice", 1)
     bad = await gateway.put("/v1/adapters/bot/aliases/production", json={"v": 1}, headers=ALICE)
     assert bad.status_code == 422
 
@@ -96,19 +103,22 @@ async def test_tenant_scope_aliases_lineage_and_delete(
     assert [n["ref"] for n in graph["adapters"]] == ["bot@2", "bot@1"]
 
     held = await gateway.delete("/v1/adapters/bot/versions/1", headers=ALICE)
-    assert held.status_code == 409 and "production" in held.json()["detail"]
+    assert held.status_code == 409
+    assert "production" in held.json()["detail"]
     assert (await gateway.delete("/v1/adapters/bot/versions/3", headers=ALICE)).status_code == 404
     gone = await gateway.delete("/v1/adapters/bot/versions/2", headers=ALICE)
-    assert gone.status_code == 200 and gone.json()["version"] == 2
+    assert gone.status_code == 200
+    assert gone.json()["version"] == 2
     assert (await gateway.get("/v1/adapters/bot/versions/2", headers=ALICE)).status_code == 404
 
     rule = await gateway.put(
         "/v1/adapters/bot/rules/candidate", json={"metric": "eval_loss"}, headers=ALICE
     )
-    assert rule.status_code == 200 and rule.json()["tenant"] == "alice"
+    assert rule.status_code == 200
+    assert rule.json()["tenant"] == "alice"
     await add(settings, "job-4", metrics={"eval_loss": 0.5})
     candidate = await gateway.get("/v1/adapters/bot/aliases/candidate", headers=ALICE)
-    assert candidate.json()["version"] == 4
+    assert candidate.json()["version"] == 3  # alice's third: bob's bot took no number of hers
 
 
 async def test_download_verifies_and_never_serves_a_corrupted_file(

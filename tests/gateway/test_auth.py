@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 import json
+import logging
 
 import httpx
+import pytest
+
+from swarm_runtime.settings import Settings
+
+from .conftest import make_app
 
 A = {"Authorization": "Bearer ka"}
 B = {"Authorization": "Bearer kb"}
@@ -14,13 +20,15 @@ DATA = "".join(json.dumps({"text": f"line {i}"}) + "\n" for i in range(3)).encod
 async def test_missing_and_unknown_keys_are_401(auth_client: httpx.AsyncClient) -> None:
     assert (await auth_client.get("/v1/datasets")).status_code == 401
     bad = await auth_client.get("/v1/datasets", headers={"Authorization": "Bearer nope"})
-    assert bad.status_code == 401 and "unknown API key" in bad.text
+    assert bad.status_code == 401
+    assert "unknown API key" in bad.text
     assert (await auth_client.get("/healthz")).status_code == 200
 
 
 async def test_datasets_are_per_tenant(auth_client: httpx.AsyncClient) -> None:
     up = await auth_client.post("/v1/datasets", files={"file": ("d.jsonl", DATA)}, headers=A)
-    assert up.status_code == 201 and up.json()["tenant"] == "alice"
+    assert up.status_code == 201
+    assert up.json()["tenant"] == "alice"
     ds = up.json()["id"]
     assert [d["id"] for d in (await auth_client.get("/v1/datasets", headers=A)).json()["data"]] == [
         ds
@@ -31,8 +39,24 @@ async def test_datasets_are_per_tenant(auth_client: httpx.AsyncClient) -> None:
     # Bob cannot train on Alice's dataset even knowing its id.
     spec = {"name": "bot", "base_model": "tiny-llama", "dataset": ds}
     resp = await auth_client.post("/v1/jobs", json=spec, headers=B)
-    assert resp.status_code == 422 and resp.json()["detail"][0]["loc"] == ["body", "dataset"]
+    assert resp.status_code == 422
+    assert resp.json()["detail"][0]["loc"] == ["body", "dataset"]
 
     # Bob uploading the same bytes gets his own record under his own store key.
     mine = await auth_client.post("/v1/datasets", files={"file": ("d.jsonl", DATA)}, headers=B)
-    assert mine.status_code == 201 and mine.json()["store_key"].startswith("datasets/bob/")
+    assert mine.status_code == 201
+    assert mine.json()["store_key"].startswith("datasets/bob/")
+
+
+async def test_auth_off_is_said_loudly_at_start_up(
+    settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    from swarm_gateway.app import AUTH_OFF_WARNING
+
+    for keys, warned in (("", True), ("k=alice", False)):
+        caplog.clear()
+        app = make_app(settings.model_copy(update={"api_keys": keys}))
+        with caplog.at_level(logging.WARNING, logger="swarm_gateway.app"):
+            async with app.router.lifespan_context(app):
+                pass
+        assert (AUTH_OFF_WARNING in caplog.text) is warned

@@ -10,11 +10,11 @@ import nats
 import pytest
 
 from swarm import AsyncClient, ValidationError
-from swarm_common.jobs import LoraSpec, TrainingSpec
-from swarm_common.registry import Lineage, RegisterAdapter
-from swarm_common.settings import Settings
-from swarm_common.store import open_store
-from swarm_common.subjects import Subjects
+from swarm_contracts.jobs import LoraSpec, TrainingSpec
+from swarm_contracts.registry import Lineage, RegisterAdapter
+from swarm_contracts.subjects import Subjects
+from swarm_runtime.settings import Settings
+from swarm_runtime.store import open_store
 
 from ..conftest import ServerThread
 from ..scheduler.conftest import write_fake_model
@@ -76,5 +76,6 @@ async def test_only_the_caller_s_adapter_on_the_job_s_base_model_is_accepted(
             await alice.submit(spec | {"dataset": ds_alice, "base_model": "tiny@2"}, "a0")
 
         record = await alice.submit(spec | {"dataset": ds_alice}, idempotency_key="a1")
-        assert record.parent is not None and record.parent.ref == "bot@1"
+        assert record.parent is not None
+        assert record.parent.ref == "bot@1"
         assert record.spec.lora.r == 4  # the parent's shape, not the default 8

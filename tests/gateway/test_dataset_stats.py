@@ -10,7 +10,7 @@ from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import WhitespaceSplit
 
-from swarm import AsyncClient, ValidationError
+from swarm import AsyncClient, NotFoundError, ValidationError
 
 from ..conftest import ServerThread
 from ..scheduler.conftest import write_fake_model
@@ -43,11 +43,13 @@ async def test_token_percentiles_with_the_models_tokenizer(
     async with AsyncClient(tenant_stack.url, api_key=ALICE) as c:
         ds = (await c.upload_dataset(data)).id
         plain = await c.dataset_stats(ds)
-        assert plain["examples"] == 100 and plain["tokens"] is None
+        assert plain["examples"] == 100
+        assert plain["tokens"] is None
         assert plain["chars"]["max"] == 2 * 100 - 1
 
         exact = await c.dataset_stats(ds, model="wordy@1")
-        assert exact["model"] == "wordy@1" and exact["token_method"] == "tokenizer.json"
+        assert exact["model"] == "wordy@1"
+        assert exact["token_method"] == "tokenizer.json"
         tokens = exact["tokens"]
         assert (tokens["p50"], tokens["p90"], tokens["p99"], tokens["max"]) == (50, 90, 99, 100)
         assert exact["over_seq_len"]["128"] == 0
@@ -58,13 +60,13 @@ async def test_token_percentiles_with_the_models_tokenizer(
 
         with pytest.raises(ValidationError):
             await c.dataset_stats(ds, model="Not A Model")
-        with pytest.raises(Exception) as missing:
+        with pytest.raises(NotFoundError) as missing:
             await c.dataset_stats(ds, model="nope")
-        assert getattr(missing.value, "status_code", None) == 404
+        assert missing.value.status_code == 404
     async with AsyncClient(tenant_stack.url, api_key=ADMIN) as admin:
-        with pytest.raises(Exception) as other:
+        with pytest.raises(NotFoundError) as other:
             await admin.dataset_stats(ds)  # alice's dataset: not the admin tenant's
-        assert getattr(other.value, "status_code", None) == 404
+        assert other.value.status_code == 404
 
 
 async def test_ten_thousand_lines_one_bad(live_gateway: ServerThread, tmp_path: Path) -> None:

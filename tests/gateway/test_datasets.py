@@ -7,9 +7,9 @@ import json
 import httpx
 import pytest
 
-from swarm_common.settings import Settings
-from swarm_common.store import open_store
 from swarm_gateway import create_app
+from swarm_runtime.settings import Settings
+from swarm_runtime.store import open_store
 
 
 def jsonl(rows: list[dict]) -> bytes:
@@ -28,13 +28,16 @@ async def test_upload_is_content_addressed(client: httpx.AsyncClient, settings: 
     first = await upload(client, jsonl(PC), name="adds")
     assert first.status_code == 201, first.text
     info = first.json()
-    assert info["id"].startswith("ds-") and info["format"] == "prompt_completion"
-    assert info["examples"] == 5 and info["name"] == "adds"
+    assert info["id"].startswith("ds-")
+    assert info["format"] == "prompt_completion"
+    assert info["examples"] == 5
+    assert info["name"] == "adds"
     assert info["store_key"] == f"datasets/default/{info['sha256']}.jsonl"
     assert open_store(settings).get_bytes(info["store_key"]) == jsonl(PC)
 
     again = await upload(client, jsonl(PC))
-    assert again.status_code == 200 and again.json()["id"] == info["id"]
+    assert again.status_code == 200
+    assert again.json()["id"] == info["id"]
 
     listed = (await client.get("/v1/datasets")).json()["data"]
     assert [d["id"] for d in listed] == [info["id"]]

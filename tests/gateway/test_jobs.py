@@ -12,14 +12,14 @@ import httpx
 import nats
 import pytest
 
-from swarm_common.broker import make_broker, publish_job_event
-from swarm_common.envelope import CloudEvent
-from swarm_common.events import CancelRequest, JobEvent, Progress, Queued, Succeeded
-from swarm_common.jobs import AdapterRef, JobRecord, JobSpec, JobState, JobSubmission
-from swarm_common.records import RecordTable
-from swarm_common.settings import Settings
-from swarm_common.subjects import Subjects
-from swarm_common.topology import kv_bucket
+from swarm_contracts.envelope import CloudEvent
+from swarm_contracts.events import CancelRequest, JobEvent, Progress, Queued, Succeeded
+from swarm_contracts.jobs import AdapterRef, JobRecord, JobSpec, JobState, JobSubmission
+from swarm_contracts.subjects import Subjects
+from swarm_runtime.broker import make_broker, publish_job_event
+from swarm_runtime.records import RecordTable
+from swarm_runtime.settings import Settings
+from swarm_runtime.topology import kv_bucket
 
 DATA = "".join(json.dumps({"text": f"example {i}"}) + "\n" for i in range(4)).encode()
 
@@ -59,9 +59,11 @@ async def test_spec_validation_names_the_field(
 async def test_unknown_datasets_are_named(client: httpx.AsyncClient) -> None:
     ds = await dataset(client)
     resp = await client.post("/v1/jobs", json=spec("ds-" + "0" * 24))
-    assert resp.status_code == 422 and resp.json()["detail"][0]["loc"] == ["body", "dataset"]
+    assert resp.status_code == 422
+    assert resp.json()["detail"][0]["loc"] == ["body", "dataset"]
     resp = await client.post("/v1/jobs", json=spec(ds, validation="ds-" + "1" * 24))
-    assert resp.status_code == 422 and resp.json()["detail"][0]["loc"] == ["body", "validation"]
+    assert resp.status_code == 422
+    assert resp.json()["detail"][0]["loc"] == ["body", "validation"]
 
 
 async def test_idempotent_submit_publishes_once(
@@ -83,10 +85,13 @@ async def test_idempotent_submit_publishes_once(
         info = await js.stream_info(subjects.submit_stream)
         assert info.state.messages == 1
         msg = await js.get_msg(subjects.submit_stream, seq=1)
-        assert msg.headers and msg.headers["Nats-Msg-Id"] == first.json()["job_id"]
+        assert msg.headers
+        assert msg.headers["Nats-Msg-Id"] == first.json()["job_id"]
         event = CloudEvent[JobSubmission].model_validate_json(msg.data)
-        assert event.type == "swarm.job.submit" and event.source == "swarm/gateway"
-        assert event.data.job_id == first.json()["job_id"] and event.data.tenant == "default"
+        assert event.type == "swarm.job.submit"
+        assert event.source == "swarm/gateway"
+        assert event.data.job_id == first.json()["job_id"]
+        assert event.data.tenant == "default"
 
         other = await client.post("/v1/jobs", json=spec(ds), headers={"Idempotency-Key": "k2"})
         assert other.json()["job_id"] != first.json()["job_id"]
@@ -147,7 +152,8 @@ async def test_submit_get_list_cancel(client: httpx.AsyncClient, settings: Setti
         assert created.status_code == 201, created.text
         job_id = created.json()["job_id"]
         again = await client.post("/v1/jobs", json=spec(ds), headers={"Idempotency-Key": "a"})
-        assert again.status_code == 200 and again.json()["job_id"] == job_id
+        assert again.status_code == 200
+        assert again.json()["job_id"] == job_id
 
         assert (await client.get(f"/v1/jobs/{job_id}")).json()["job_id"] == job_id
         assert (await client.get("/v1/jobs/job-0000000000")).status_code == 404
@@ -166,26 +172,31 @@ async def test_submit_get_list_cancel(client: httpx.AsyncClient, settings: Setti
 
         await jobs.modify(last, finish)
         page1 = (await client.get("/v1/jobs", params={"limit": 2})).json()
-        assert len(page1["data"]) == 2 and page1["next_cursor"]
+        assert len(page1["data"]) == 2
+        assert page1["next_cursor"]
         assert page1["data"][0]["job_id"] == last  # newest first
         page2 = (
             await client.get("/v1/jobs", params={"limit": 2, "cursor": page1["next_cursor"]})
         ).json()
-        assert len(page2["data"]) == 2 and page2["next_cursor"] is None
+        assert len(page2["data"]) == 2
+        assert page2["next_cursor"] is None
         ids = [j["job_id"] for j in page1["data"] + page2["data"]]
         assert len(set(ids)) == 4
         done = (await client.get("/v1/jobs", params={"state": "succeeded"})).json()["data"]
         assert [j["job_id"] for j in done] == [last]
         named = (await client.get("/v1/jobs", params={"name": "other"})).json()["data"]
-        assert len(named) == 1 and named[0]["spec"]["name"] == "other"
+        assert len(named) == 1
+        assert named[0]["spec"]["name"] == "other"
 
         cancel = await client.post(f"/v1/jobs/{job_id}/cancel")
-        assert cancel.status_code == 202 and cancel.json()["job_id"] == job_id
+        assert cancel.status_code == 202
+        assert cancel.json()["job_id"] == job_id
         js = nc.jetstream()
         subjects = Subjects(settings.namespace)
         msg = await js.get_last_msg(subjects.control_stream, subjects.cancel(job_id))
         event = CloudEvent[CancelRequest].model_validate_json(msg.data)
-        assert event.type == "swarm.job.cancel" and event.data.job_id == job_id
+        assert event.type == "swarm.job.cancel"
+        assert event.data.job_id == job_id
     finally:
         await nc.close()
 
@@ -196,7 +207,8 @@ async def test_metrics_needs_telemetry(client: httpx.AsyncClient, settings: Sett
         ds = await dataset(client)
         job_id = (await client.post("/v1/jobs", json=spec(ds))).json()["job_id"]
         resp = await client.get(f"/v1/jobs/{job_id}/metrics")
-        assert resp.status_code == 503 and "telemetry" in resp.json()["detail"]
+        assert resp.status_code == 503
+        assert "telemetry" in resp.json()["detail"]
     finally:
         await nc.close()
 

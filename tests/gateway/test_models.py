@@ -8,10 +8,10 @@ import httpx
 import nats
 import pytest
 
-from swarm_common.registry import ModelVersion, RegisterModel, Reply
-from swarm_common.settings import Settings
-from swarm_common.store import open_store
-from swarm_common.subjects import Subjects
+from swarm_contracts.registry import ModelVersion, RegisterModel, Reply
+from swarm_contracts.subjects import Subjects
+from swarm_runtime.settings import Settings
+from swarm_runtime.store import open_store
 
 CONFIG = ("config.json", b'{"model_type": "llama"}')
 WEIGHTS = ("model.safetensors", b"\x00" * 16)
@@ -41,7 +41,8 @@ async def test_bad_model_uploads(
 
 async def test_bad_model_name(client: httpx.AsyncClient) -> None:
     resp = await client.post("/v1/models", data={"name": "Bad.Name"}, files=files(CONFIG, WEIGHTS))
-    assert resp.status_code == 422 and "name" in json.dumps(resp.json()["detail"][0]["loc"])
+    assert resp.status_code == 422
+    assert "name" in json.dumps(resp.json()["detail"][0]["loc"])
 
 
 async def test_registry_down_is_503(client: httpx.AsyncClient) -> None:
@@ -80,7 +81,8 @@ async def test_upload_and_register(client: httpx.AsyncClient, settings: Settings
         assert resp.status_code == 201, resp.text
         body = resp.json()
         assert body["version"] == 1
-        assert body["store_key"].startswith("models/tiny/") and len(body["store_key"]) == 12 + 16
+        assert body["store_key"].startswith("models/tiny/")
+        assert len(body["store_key"]) == 12 + 16
         assert set(body["files"]) == {"config.json", "model.safetensors"}
         assert seen[0].store_key == body["store_key"]
     finally:

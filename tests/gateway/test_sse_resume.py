@@ -7,9 +7,9 @@ import asyncio
 import httpx
 
 from swarm import AsyncClient, Client
-from swarm_common.events import Failed, Progress, Succeeded
-from swarm_common.jobs import AdapterRef, JobRecord, JobState
-from swarm_common.settings import Settings
+from swarm_contracts.events import Failed, Progress, Succeeded
+from swarm_contracts.jobs import AdapterRef, JobRecord, JobState
+from swarm_runtime.settings import Settings
 
 from ..conftest import ServerThread
 from .test_jobs import dataset, fake_scheduler, read_sse_until, reporting, spec

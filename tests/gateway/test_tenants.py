@@ -20,13 +20,17 @@ def test_only_hashes_are_kept_and_malformed_entries_fail() -> None:
     table = parse_api_keys(f"plain=alice,{hash_key('secret')}=bob,x=admin", "root")
     assert table.lookup("plain").tenant == "alice"  # type: ignore[union-attr]
     bob = table.lookup("secret")
-    assert bob is not None and bob.tenant == "bob" and not bob.admin
+    assert bob is not None
+    assert bob.tenant == "bob"
+    assert not bob.admin
     assert table.lookup(hash_key("secret")) is None  # the hash itself is not a key
-    assert table.lookup("x").admin and table.lookup("root").admin  # type: ignore[union-attr]
-    assert "plain" not in repr(table) and "secret" not in repr(table)
-    with pytest.raises(ValueError):
+    assert table.lookup("x").admin
+    assert table.lookup("root").admin
+    assert "plain" not in repr(table)
+    assert "secret" not in repr(table)
+    with pytest.raises(ValueError, match="not 'key=tenant'"):
         parse_api_keys("no-tenant")
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="tenant"):
         parse_api_keys("k=Bad Tenant")
 
 
@@ -83,7 +87,8 @@ async def test_two_tenants_concurrently_see_only_their_own(
             record = await me.get_job(mine[0])
             assert record.state == "queued"
             first = await anext(me.events(mine[0]))
-            assert first.event == "queued" and first.payload["job_id"] == mine[0]
+            assert first.event == "queued"
+            assert first.payload["job_id"] == mine[0]
             assert [d.id for d in await me.list_datasets()] == [ds_a]
         with pytest.raises(AuthError) as denied:
             await alice.workers()

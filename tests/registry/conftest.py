@@ -11,10 +11,10 @@ import nats
 import pytest
 from nats.aio.client import Client
 
-from swarm_common.settings import Settings
-from swarm_common.store import ObjectStore, open_store
-from swarm_common.subjects import Subjects
+from swarm_contracts.subjects import Subjects
 from swarm_registry import build_app
+from swarm_runtime.settings import Settings
+from swarm_runtime.store import ObjectStore, open_store
 
 
 def safetensors_bytes(shapes: dict[str, list[int]]) -> bytes:

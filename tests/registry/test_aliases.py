@@ -8,9 +8,9 @@ from typing import Any
 
 import nats
 
-from swarm_common.settings import Settings
-from swarm_common.store import ObjectStore
-from swarm_common.subjects import Subjects
+from swarm_contracts.subjects import Subjects
+from swarm_runtime.settings import Settings
+from swarm_runtime.store import ObjectStore
 
 from .test_adapters import register, upload_output
 
@@ -51,10 +51,12 @@ async def test_set_move_and_get_by_alias(client: Any, store: ObjectStore, model_
     hijack = await client.call(
         "adapters.alias.set", {"name": "bot", "alias": "production", "version": 1, "tenant": "zeta"}
     )
-    assert not hijack["ok"] and hijack["error"].startswith("unknown adapter")
+    assert not hijack["ok"]
+    assert hijack["error"].startswith("unknown adapter")
 
     bad = await client.call("adapters.alias.set", {"name": "bot", "alias": "Prod!", "version": 1})
-    assert not bad["ok"] and "invalid alias" in bad["error"]
+    assert not bad["ok"]
+    assert "invalid alias" in bad["error"]
     missing = await client.call("adapters.alias.set", {"name": "bot", "alias": "x", "version": 9})
     assert missing["error"] == "unknown adapter 'bot' version 9"
 
@@ -70,7 +72,8 @@ async def test_rule_promotes_improving_versions_and_announces(
     rule = {"name": "bot", "alias": "candidate", "metric": "eval_loss", "mode": "min"}
     assert (await client.call("adapters.rule.set", {**rule, "tenant": "acme"}))["ok"]
     no_tenant = await client.call("adapters.rule.set", rule)
-    assert not no_tenant["ok"] and "tenant" in no_tenant["error"]
+    assert not no_tenant["ok"]
+    assert "tenant" in no_tenant["error"]
 
     await add(client, store, model_files, "job-1", metrics={"eval_loss": 2.0})
     await add(client, store, model_files, "job-2", metrics={"eval_loss": 2.5})  # worse
@@ -88,7 +91,8 @@ async def test_rule_promotes_improving_versions_and_announces(
     assert [(d["version"], d["previous_version"]) for d in data] == [(1, None), (3, 1)]
     assert data[1]["metrics"] == {"eval_loss": 1.0}
     assert data[1]["previous_metrics"] == {"eval_loss": 2.0}
-    assert data[1]["rule"]["metric"] == "eval_loss" and data[1]["alias"] == "candidate"
+    assert data[1]["rule"]["metric"] == "eval_loss"
+    assert data[1]["alias"] == "candidate"
     assert data[1]["tenant"] == "acme"
     try:
         extra = await events.next_msg(timeout=0.5)

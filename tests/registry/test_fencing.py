@@ -6,18 +6,23 @@ from typing import Any
 
 import nats
 
-from swarm_common.jobs import JobRecord, JobSpec, JobState
-from swarm_common.records import RecordTable
-from swarm_common.settings import Settings
-from swarm_common.store import ObjectStore
-from swarm_common.subjects import Subjects
-from swarm_common.topology import kv_bucket
+from swarm_contracts.jobs import JobRecord, JobSpec, JobState
+from swarm_contracts.providers import token_digest
+from swarm_contracts.subjects import Subjects
+from swarm_runtime.records import RecordTable
+from swarm_runtime.settings import Settings
+from swarm_runtime.store import ObjectStore
+from swarm_runtime.topology import kv_bucket
 
-from .test_adapters import register, upload_output
+from .test_adapters import lineage, register, upload_output
 
 
 async def put_job(
-    settings: Settings, job_id: str, attempt: int, state: JobState = JobState.running
+    settings: Settings,
+    job_id: str,
+    attempt: int,
+    state: JobState = JobState.running,
+    token: str | None = None,
 ) -> None:
     nc = await nats.connect(settings.nats_url)
     jobs = RecordTable(
@@ -26,7 +31,14 @@ async def put_job(
     spec = JobSpec(name="bot", base_model="tiny", dataset="ds-" + "a" * 24)
     await jobs.put(
         job_id,
-        JobRecord(job_id=job_id, tenant="acme", spec=spec, state=state, attempt=attempt),
+        JobRecord(
+            job_id=job_id,
+            tenant="acme",
+            spec=spec,
+            state=state,
+            attempt=attempt,
+            attempt_token_sha256=token_digest(token) if token else None,
+        ),
     )
     await nc.close()
 
@@ -39,7 +51,8 @@ async def test_a_stale_attempt_never_registers(
 
     stale = await register(client, "bot", key, "job-f", attempt=1)
     assert not stale["ok"]
-    assert "stale attempt" in stale["error"] and "attempt 2" in stale["error"]
+    assert "stale attempt" in stale["error"]
+    assert "attempt 2" in stale["error"]
     # Nothing was claimed or copied for the stale worker.
     assert (await client.call("adapters.list", {"name": "bot"}))["result"] == []
     assert store.list("adapters/") == []
@@ -49,7 +62,27 @@ async def test_a_stale_attempt_never_registers(
     assert current["result"]["version"] == 1
     # Once the version exists, the stale worker is still refused (not handed the version).
     again = await register(client, "bot", key, "job-f", attempt=1)
-    assert not again["ok"] and "stale attempt" in again["error"]
+    assert not again["ok"]
+    assert "stale attempt" in again["error"]
+
+
+async def test_only_the_worker_holding_the_attempt_registers(
+    client: Any, store: ObjectStore, model_files: Any, settings: Settings
+) -> None:
+    """Another worker (a provider that knows the job id and attempt) cannot register an
+    adapter for the job: it lacks the attempt's token, which only the assignment carried."""
+    await put_job(settings, "job-t", attempt=1, token="the-assignments-token")
+    key = upload_output(store, "job-t", model_files)
+    request = {"name": "bot", "store_key": key, "lineage": lineage("job-t", attempt=1)}
+    for token in (None, "guessed"):
+        refused = await client.call("adapters.register", request | {"attempt_token": token})
+        assert not refused["ok"]
+        assert refused["code"] == "forbidden", refused
+    assert store.list("adapters/") == []
+    ok = await client.call(
+        "adapters.register", request | {"attempt_token": "the-assignments-token"}
+    )
+    assert ok["ok"], ok
 
 
 async def test_a_job_without_a_record_may_register(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from swarm_common.store import ObjectStore
+from swarm_runtime.store import ObjectStore
 
 from .test_adapters import register, upload_output
 

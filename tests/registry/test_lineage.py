@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from swarm_common.store import ObjectStore
+from swarm_runtime.store import ObjectStore
 
 from .test_adapters import register, upload_output
 
@@ -45,7 +45,8 @@ async def test_lineage_graph_follows_parents(
 
     bad = await register(client, "x", upload_output(store, "job-6", model_files), "job-6",
                          parent="base@production")  # fmt: skip
-    assert not bad["ok"] and "name@version" in bad["error"]
+    assert not bad["ok"]
+    assert "name@version" in bad["error"]
 
 
 async def test_list_by_base_model(client: Any, store: ObjectStore, model_files: Any) -> None:

@@ -9,10 +9,10 @@ import httpx
 import nats
 import pytest
 
-from swarm_common.settings import Settings
-from swarm_common.store import ObjectStore
-from swarm_common.subjects import Subjects
+from swarm_contracts.subjects import Subjects
 from swarm_registry import build_app
+from swarm_runtime.settings import Settings
+from swarm_runtime.store import ObjectStore
 
 from ..conftest import sample, scrape
 from .conftest import RegistryClient

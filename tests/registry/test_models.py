@@ -6,9 +6,12 @@ import asyncio
 import json
 from typing import Any
 
-from swarm_common.settings import Settings
-from swarm_common.store import ObjectStore
-from swarm_common.subjects import Subjects
+from swarm_contracts.registry import ModelVersion
+from swarm_contracts.subjects import Subjects
+from swarm_runtime.records import RecordTable
+from swarm_runtime.settings import Settings
+from swarm_runtime.store import ObjectStore
+from swarm_runtime.topology import kv_bucket
 
 # Fixtures come from conftest.py: ``client`` (a RegistryClient), ``model_files`` (ModelFiles).
 CONFIG = json.dumps({"model_type": "llama"}).encode()
@@ -59,23 +62,34 @@ async def test_rejects_pickles_and_incomplete_dirs(
 
     store.put_bytes("models/bad/nocfg/model.safetensors", model_files.safetensors({"w": [2]}))
     reply = await client.call("models.register", {"name": "bad", "store_key": "models/bad/nocfg"})
-    assert not reply["ok"] and "config.json" in reply["error"]
+    assert not reply["ok"]
+    assert "config.json" in reply["error"]
 
     store.put_bytes("models/bad/noweights/config.json", CONFIG)
     reply = await client.call(
         "models.register", {"name": "bad", "store_key": "models/bad/noweights"}
     )
-    assert not reply["ok"] and ".safetensors" in reply["error"]
+    assert not reply["ok"]
+    assert ".safetensors" in reply["error"]
 
     reply = await client.call("models.register", {"name": "bad", "store_key": "models/none"})
-    assert not reply["ok"] and "no files" in reply["error"]
+    assert not reply["ok"]
+    assert "no files" in reply["error"]
     reply = await client.call("models.register", {"name": "bad", "store_key": "../etc"})
-    assert not reply["ok"] and "invalid" in reply["error"]
+    assert not reply["ok"]
+    assert "invalid" in reply["error"]
     reply = await client.call("models.register", {"name": "Bad.Name", "store_key": "models/x"})
-    assert not reply["ok"] and "invalid model name" in reply["error"]
+    assert not reply["ok"]
+    assert "invalid model name" in reply["error"]
+    assert reply["code"] == "invalid"
 
     missing = await client.call("models.get", {"name": "bad"})
-    assert missing == {"ok": False, "error": "unknown model 'bad'", "result": None}
+    assert missing == {
+        "ok": False,
+        "error": "unknown model 'bad'",
+        "code": "not_found",
+        "result": None,
+    }
 
 
 async def test_concurrent_registrations_of_different_files_get_distinct_versions(
@@ -100,7 +114,8 @@ async def test_a_malformed_request_is_answered_and_dead_lettered(
     subjects = Subjects(settings.namespace)
     reply = await client.nc.request(subjects.registry("models.get"), b'{"nme": 1}', timeout=5)
     body = json.loads(reply.data)
-    assert body["ok"] is False and "name" in body["error"]
+    assert body["ok"] is False
+    assert "name" in body["error"]
     sub = await client.nc.jetstream().subscribe(
         subjects.dead_letter("registry"), ordered_consumer=True
     )
@@ -128,3 +143,64 @@ async def test_files_of_an_older_version_are_that_version(
     # Every file's sha256 is recorded, and matches the stored bytes.
     for name, digest in second["result"]["files"].items():
         assert store.sha256(f"models/ab/2/{name}") == digest
+
+
+LLAMA_CONFIG = {
+    "architectures": ["LlamaForCausalLM"],
+    "hidden_size": 64,
+    "intermediate_size": 176,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "num_hidden_layers": 3,
+    "vocab_size": 512,
+}
+
+
+async def test_register_keeps_the_architecture_numbers_for_memory_estimates(
+    client: Any, model_files: Any
+) -> None:
+    config = json.dumps(LLAMA_CONFIG).encode()
+    model_files.upload("models/llama/a", {"config.json": config})
+    reply = await client.call("models.register", {"name": "llama", "store_key": "models/llama/a"})
+    assert reply["ok"], reply
+    assert reply["result"]["shape"] == {
+        "hidden_size": 64,
+        "num_layers": 3,
+        "num_heads": 4,
+        "num_kv_heads": 2,
+        "head_dim": 16,
+        "intermediate_size": 176,
+        "vocab_size": 512,
+        "parameter_count": 15,
+        # config.json names no dtype: the weights' own (F32 in these files).
+        "dtype": "float32",
+    }
+    bf16 = json.dumps({**LLAMA_CONFIG, "dtype": "bfloat16"}).encode()
+    model_files.upload("models/llama/b", {"config.json": bf16})
+    reply = await client.call("models.register", {"name": "llama", "store_key": "models/llama/b"})
+    assert reply["result"]["shape"]["dtype"] == "bfloat16"
+
+    # A config that is no decoder's (no layer count, no MLP width) has no shape.
+    model_files.upload("models/enc/a")
+    reply = await client.call("models.register", {"name": "enc", "store_key": "models/enc/a"})
+    assert reply["ok"]
+    assert reply["result"]["shape"] is None
+
+
+async def test_registering_the_same_files_again_fills_in_a_missing_shape(
+    client: Any, model_files: Any, settings: Settings
+) -> None:
+    config = json.dumps(LLAMA_CONFIG).encode()
+    model_files.upload("models/old/a", {"config.json": config})
+    first = await client.call("models.register", {"name": "old", "store_key": "models/old/a"})
+    # As a registry from before shapes were kept wrote it.
+    js = client.nc.jetstream()
+    table = RecordTable(await kv_bucket(js, Subjects(settings.namespace), "models"), ModelVersion)
+    old = ModelVersion.model_validate({**first["result"], "shape": None})
+    await table.put("old.1", old)
+    assert (await client.call("models.get", {"name": "old"}))["result"]["shape"] is None
+
+    again = await client.call("models.register", {"name": "old", "store_key": "models/old/a"})
+    assert again["result"]["version"] == 1
+    assert again["result"]["shape"]["hidden_size"] == 64
+    assert (await client.call("models.get", {"name": "old"}))["result"]["shape"] is not None

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from swarm_common.jobs import JobState
-from swarm_common.settings import Settings
-from swarm_common.store import ObjectStore
+from swarm_contracts.jobs import JobState
+from swarm_runtime.settings import Settings
+from swarm_runtime.store import ObjectStore
 
 from .test_adapters import register, upload_output
 from .test_fencing import put_job
 
-# A checkpoint file in a job's run for attempt 1 (see swarm_trainer.checkpoint.run_key).
+# A checkpoint file in a job's run for attempt 1 (see swarm_contracts.layout.run_key).
 CKPT = "attempt-1/checkpoint_00000010/adapter_model.safetensors"
 
 
@@ -23,22 +23,27 @@ async def test_delete_is_refused_while_an_alias_holds_the_version(
     await client.call("adapters.alias.set", {"name": "bot", "alias": "production", "version": 1})
 
     refused = await client.call("adapters.delete", {"name": "bot", "version": 1})
-    assert not refused["ok"] and "alias 'production'" in refused["error"]
+    assert not refused["ok"]
+    assert "alias 'production'" in refused["error"]
+    assert refused["code"] == "conflict"
     assert store.list("adapters/acme/bot/1/")
 
     other_tenant = await client.call(
         "adapters.delete", {"name": "bot", "version": 2, "tenant": "z"}
     )
     assert other_tenant["error"] == "unknown adapter 'bot' version 2"
+    assert other_tenant["code"] == "not_found"
 
     deleted = await client.call("adapters.delete", {"name": "bot", "version": 2, "tenant": "acme"})
-    assert deleted["ok"] and deleted["result"]["version"] == 2
+    assert deleted["ok"]
+    assert deleted["result"]["version"] == 2
     assert store.list("adapters/acme/bot/2/") == []
     gone = await client.call("adapters.get", {"name": "bot", "version": 2})
     assert gone["error"] == "unknown adapter 'bot' version 2"
     # A late retry of the deleted version's job does not bring it back.
     retry = await register(client, "bot", "outputs/job-2/1/adapter", "job-2")
-    assert not retry["ok"] and "was deleted" in retry["error"]
+    assert not retry["ok"]
+    assert "was deleted" in retry["error"]
     # Move the alias away, then v1 can go too.
     assert (await register(client, "bot", upload_output(store, "job-3", model_files), "job-3"))[
         "ok"
@@ -67,7 +72,8 @@ async def test_gc_removes_only_unreferenced_objects(
     store.put_bytes("adapters/acme/bot/7/adapter_config.json", b"{}")
 
     spared = await client.call("gc.run", {})  # default min_age_s: everything here is young
-    assert spared["result"]["adapters"] == [] and spared["result"]["models"] == []
+    assert spared["result"]["adapters"] == []
+    assert spared["result"]["models"] == []
     # Finished jobs' outputs and checkpoints do not wait for an age; running ones stay.
     assert spared["result"]["outputs"] == [
         "outputs/job-done/1/adapter/adapter_config.json",
@@ -93,8 +99,10 @@ async def test_gc_removes_only_unreferenced_objects(
     # What is referenced or still in use is all there.
     assert len(store.list("models/tiny/a/")) == 3
     assert len(store.list("adapters/acme/bot/1/")) == 2
-    assert store.list("outputs/job-live/") and store.list("checkpoints/job-live/")
-    assert store.list("outputs/job-done/") == [] and store.list("checkpoints/job-done/") == []
+    assert store.list("outputs/job-live/")
+    assert store.list("checkpoints/job-live/")
+    assert store.list("outputs/job-done/") == []
+    assert store.list("checkpoints/job-done/") == []
     assert not store.exists("adapters/acme/bot/7/adapter_config.json")
     # The registered adapter still verifies after the collection.
     verified = await client.call("adapters.verify", {"name": "bot", "version": 1})

@@ -19,17 +19,18 @@ import nats
 import pytest
 from nats.aio.client import Client
 
-from swarm_common.broker import publish_job_event
-from swarm_common.datasets import DatasetInfo, dataset_id_for, dataset_store_key
-from swarm_common.envelope import envelope
-from swarm_common.jobs import JobRecord, JobSpec
-from swarm_common.records import RecordTable
-from swarm_common.settings import Settings
-from swarm_common.store import open_store
-from swarm_common.subjects import Subjects
-from swarm_common.topology import ensure_topology, kv_bucket
-from swarm_common.workers import Gpu, Heartbeat, Resources, RunningJob
+from swarm_contracts.datasets import DatasetInfo, dataset_id_for
+from swarm_contracts.envelope import envelope
+from swarm_contracts.jobs import JobRecord, JobSpec
+from swarm_contracts.layout import dataset_key
+from swarm_contracts.subjects import Subjects
+from swarm_contracts.workers import Gpu, Heartbeat, HeartbeatState, Resources, RunningJob
 from swarm_registry.app import build_app as build_registry
+from swarm_runtime.broker import publish_job_event
+from swarm_runtime.records import RecordTable
+from swarm_runtime.settings import Settings
+from swarm_runtime.store import open_store
+from swarm_runtime.topology import ensure_topology, kv_bucket
 from swarm_scheduler.app import build_app as build_scheduler
 from swarm_scheduler.scheduler import Scheduler
 
@@ -37,12 +38,29 @@ DATASET_SHA = "ab" * 32
 DATASET_ID = dataset_id_for(DATASET_SHA)
 
 
-def write_fake_model(root: Path) -> None:
+def write_fake_model(root: Path, config: dict[str, Any] | None = None) -> None:
     """A config and a one-tensor safetensors file: all the registry inspects."""
     root.mkdir(parents=True, exist_ok=True)
-    (root / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
+    config = {"architectures": ["LlamaForCausalLM"], **(config or {})}
+    (root / "config.json").write_text(json.dumps(config))
     header = json.dumps({"w": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 16]}}).encode()
     (root / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + bytes(16))
+
+
+async def wait_record(
+    jobs: RecordTable[JobRecord], job_id: str, pred: object, timeout: float = 15.0
+) -> JobRecord:
+    """The job's record once ``pred`` holds for it."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    last = None
+    while asyncio.get_running_loop().time() < deadline:
+        found = await jobs.get(job_id)
+        if found is not None:
+            last = found[0]
+            if pred(last):  # type: ignore[operator]
+                return last
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"record of {job_id} never matched; last: {last}")
 
 
 class Harness:
@@ -64,17 +82,19 @@ class Harness:
                     id=DATASET_ID,
                     tenant=tenant,
                     sha256=DATASET_SHA,
-                    store_key=dataset_store_key(tenant, DATASET_SHA),
+                    store_key=dataset_key(tenant, DATASET_SHA),
                     format="text",
                     examples=10,
                     bytes=100,
                 ),
             )
 
-    async def register_model(self, name: str, tmp_path: Path) -> None:
-        write_fake_model(tmp_path / "model")
+    async def register_model(
+        self, name: str, tmp_path: Path, config: dict[str, Any] | None = None
+    ) -> None:
+        write_fake_model(tmp_path / name, config)
         store = open_store(self.settings)
-        await asyncio.to_thread(store.upload_dir, tmp_path / "model", f"models/{name}/x")
+        await asyncio.to_thread(store.upload_dir, tmp_path / name, f"models/{name}/x")
         reply = await self.nc.request(
             self.subjects.registry("models.register"),
             json.dumps({"name": name, "store_key": f"models/{name}/x"}).encode(),
@@ -108,6 +128,7 @@ class Harness:
         running: list[RunningJob] | None = None,
         labels: dict[str, str] | None = None,
         gpus: list[Gpu] | None = None,
+        state: HeartbeatState = "alive",
     ) -> None:
         res = Resources(cpus=cpus, memory_bytes=1 << 30, gpus=gpus or [])
         hb = Heartbeat(
@@ -116,6 +137,7 @@ class Harness:
             free=res,
             running=running or [],
             labels=labels or {},
+            state=state,
         )
         await self.nc.publish(
             self.subjects.heartbeat(worker_id),
@@ -152,16 +174,7 @@ class Harness:
         await self.js.publish(self.subjects.cancel(job_id), json.dumps(cancel).encode())
 
     async def wait_record(self, job_id: str, pred: object, timeout: float = 15.0) -> JobRecord:
-        deadline = asyncio.get_running_loop().time() + timeout
-        last = None
-        while asyncio.get_running_loop().time() < deadline:
-            found = await self.jobs.get(job_id)
-            if found is not None:
-                last = found[0]
-                if pred(last):  # type: ignore[operator]
-                    return last
-            await asyncio.sleep(0.05)
-        raise AssertionError(f"record of {job_id} never matched; last: {last}")
+        return await wait_record(self.jobs, job_id, pred, timeout)
 
     async def events(self, job_id: str = "*") -> list[dict]:
         """Every job event stored so far, in order."""
@@ -183,14 +196,28 @@ class Harness:
             await sub.unsubscribe()
         return out
 
+    async def attempt_token(self, job_id: str, attempt: int) -> str | None:
+        """The token the assignment of this attempt carried (as only its worker knows it)."""
+        for a in await self.assignments("*"):
+            if a["job_id"] == job_id and a["attempt"] == attempt:
+                return a.get("attempt_token")
+        return None
+
     async def emit(self, event: object) -> None:
-        """Report a job event as a worker would."""
+        """Report a job event as a worker would: with its assignment's attempt token."""
         from faststream.nats import NatsBroker
 
+        token = await self.attempt_token(event.job_id, event.attempt)  # type: ignore[attr-defined]
         broker = NatsBroker(self.settings.nats_url)
         await broker.connect()
         try:
-            await publish_job_event(broker, self.subjects, "trainer", event)  # type: ignore[arg-type]
+            await publish_job_event(
+                broker,
+                self.subjects,
+                "trainer",
+                event,  # type: ignore[arg-type]
+                attempt_token=token,
+            )
         finally:
             await broker.stop()
 

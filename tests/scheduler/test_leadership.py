@@ -7,12 +7,12 @@ from pathlib import Path
 
 import nats
 
-from swarm_common.jobs import JobState, job_id_for
-from swarm_common.settings import Settings
-from swarm_common.subjects import Subjects
-from swarm_common.topology import ensure_topology, kv_bucket
+from swarm_contracts.jobs import JobState, job_id_for
+from swarm_contracts.subjects import Subjects
+from swarm_runtime.leader import Leadership
+from swarm_runtime.settings import Settings
+from swarm_runtime.topology import ensure_topology, kv_bucket
 from swarm_scheduler.app import build_app as build_scheduler
-from swarm_scheduler.leader import Leadership
 from swarm_scheduler.scheduler import Scheduler
 
 from .conftest import Harness, running_harness
@@ -32,7 +32,7 @@ async def test_one_leader_at_a_time_and_a_takeover_only_after_the_lease(
         async def note(leading: bool) -> None:
             changes.append((name, leading))
 
-        return Leadership(kv, name, lease_s=1.0, on_change=note)
+        return Leadership(kv, "scheduler", name, lease_s=1.0, on_change=note)
 
     a, b = member("a"), member("b")
     await a.tick()
@@ -89,8 +89,10 @@ async def test_a_follower_takes_over_the_work_when_the_leader_stops(
 async def _stop_first_scheduler(h: Harness) -> None:
     """Freeze the harness's scheduler as a crashed process would be: no renewals, no hand-back
     of the lease (so the follower must wait it out), no more work."""
-    assert h.scheduler is not None and h.scheduler.leadership is not None
+    assert h.scheduler is not None
+    assert h.scheduler.leadership is not None
     leadership = h.scheduler.leadership
-    assert leadership.leading and leadership._task is not None
+    assert leadership.leading
+    assert leadership._task is not None
     leadership._task.cancel()
     await leadership._set(False)  # stops its consumers and placement

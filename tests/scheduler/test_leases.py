@@ -2,7 +2,7 @@
 
 from datetime import timedelta
 
-from swarm_common.jobs import JobRecord, JobState, utcnow
+from swarm_contracts.jobs import JobRecord, JobState, utcnow
 from swarm_scheduler.leases import LeaseClock, Overdue, overdue
 
 from .test_placement import job
@@ -40,7 +40,8 @@ def test_a_running_job_its_worker_stopped_listing_is_requeued() -> None:
     r = held("job-1", JobState.running)
     assert check([r], after_s=30, listed_at=25) == []
     [due] = check([r], after_s=30, listed_at=15)
-    assert due.action == "requeue" and "stopped listing it" in due.reason
+    assert due.action == "requeue"
+    assert "stopped listing it" in due.reason
 
 
 def test_a_silent_worker_s_jobs_are_requeued() -> None:

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import nats
 
-from swarm_common.jobs import JobState
-from swarm_common.settings import Settings
+from swarm_contracts.jobs import JobState
 from swarm_registry.app import build_app as build_registry
+from swarm_runtime.settings import Settings
 from swarm_scheduler.app import build_app as build_scheduler
 
 from ..conftest import sample, scrape

@@ -1,9 +1,17 @@
 from datetime import timedelta
 from typing import Any
 
-from swarm_common.jobs import JobRecord, JobSpec, JobState, ResourceSpec, utcnow
-from swarm_common.workers import Gpu, Resources, WorkerInfo
-from swarm_scheduler.placement import Capacity, best_fit, demand, free_capacity, plan
+from swarm_contracts.jobs import JobRecord, JobSpec, JobState, ResourceSpec, utcnow
+from swarm_contracts.memory import GB, MemoryEstimate
+from swarm_contracts.workers import Gpu, Resources, WorkerInfo
+from swarm_scheduler.placement import (
+    Capacity,
+    best_fit,
+    demand,
+    free_capacity,
+    min_gpu_gb,
+    plan,
+)
 from swarm_scheduler.queue_policy import queue_order
 
 
@@ -145,6 +153,40 @@ def test_min_gpu_memory_picks_a_worker_with_big_enough_gpus() -> None:
     # Without the memory floor the tighter fit wins... which is the 2-GPU box (no GPU left).
     any_gpu = job("job-any", gpus=2)
     assert plan([any_gpu], [small, large], [any_gpu]).placements[0][1] == "large"
+
+
+def estimated(job_record: JobRecord, gb: float) -> JobRecord:
+    record = job_record.model_copy()
+    record.memory = MemoryEstimate(
+        base_model="llama@1",
+        tokens=1024,
+        weights_bytes=int(gb * GB),
+        lora_bytes=0,
+        lora_parameters=0,
+        activations_bytes=0,
+        logits_bytes=0,
+        runtime_bytes=0,
+        total_bytes=int(gb * GB),
+    )
+    return record
+
+
+def test_a_gpu_jobs_memory_estimate_is_its_minimum_gpu_memory() -> None:
+    needy = estimated(job("job-needy", gpus=1), 50)
+    small = worker("small", cpus=8, gpus=4, gpu_gb=24)
+    large = worker("large", cpus=8, gpus=1, gpu_gb=80)
+    assert plan([needy], [small, large], [needy]).placements == [(needy, "large")]
+    assert plan([needy], [small], [needy]).waiting["job-needy"] == (
+        "no alive worker has 1 GPU with ≥ 50 GB of memory (the job's estimated need)"
+    )
+    # An explicit floor above the estimate wins; one below it does not lower it.
+    asking = estimated(job("job-asking", gpus=1, min_gpu_gb=70), 50)
+    assert min_gpu_gb(asking) == 70
+    assert min_gpu_gb(estimated(job("job-low", gpus=1, min_gpu_gb=10), 50)) == 50
+    # A CPU job is not held to a GPU estimate.
+    cpu_job = estimated(job("job-cpu"), 50)
+    assert min_gpu_gb(cpu_job) == 0
+    assert plan([cpu_job], [worker("cpu", cpus=2)], [cpu_job]).placements[0][1] == "cpu"
 
 
 def test_a_multi_worker_job_needs_one_agent_that_fits_all_its_workers() -> None:

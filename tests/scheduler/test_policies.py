@@ -5,10 +5,10 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from swarm_common.events import Started
-from swarm_common.jobs import JobRecord, JobState, job_id_for
-from swarm_common.settings import Settings
-from swarm_common.workers import Gpu, RunningJob
+from swarm_contracts.events import Started
+from swarm_contracts.jobs import JobRecord, JobState, job_id_for
+from swarm_contracts.workers import Gpu, RunningJob
+from swarm_runtime.settings import Settings
 
 from .conftest import Harness, running_harness
 
@@ -125,7 +125,8 @@ async def test_a_stale_worker_listing_an_old_attempt_does_not_break_the_new_leas
             async with h.beating("ghost", running=lambda: stale, cpus=0):
                 await asyncio.sleep(4)  # well past the 1.5 s lease
             record = (await h.jobs.get(job_id))[0]  # type: ignore[index]
-        assert record.state == JobState.running and record.attempt == 2, record.reason
+        assert record.state == JobState.running, record.reason
+        assert record.attempt == 2, record.reason
 
 
 async def test_a_cancelled_job_whose_worker_never_starts_it_is_ended(

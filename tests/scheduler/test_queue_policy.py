@@ -2,7 +2,7 @@
 
 from datetime import timedelta
 
-from swarm_common.jobs import JobState, utcnow
+from swarm_contracts.jobs import JobState, utcnow
 from swarm_scheduler.placement import plan
 from swarm_scheduler.queue_policy import FairQueue
 

@@ -4,9 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
+from pathlib import Path
 
-from swarm_common.events import Failed, Started, Succeeded
-from swarm_common.jobs import AdapterRef, JobState, job_id_for
+import pytest
+
+from swarm_contracts.events import Failed, Started, Succeeded
+from swarm_contracts.jobs import AdapterRef, JobState, job_id_for, utcnow
+from swarm_contracts.workers import Gpu, Resources, RunningJob, WorkerInfo
+from swarm_runtime.records import RecordTable
+from swarm_runtime.topology import kv_bucket
 
 from .conftest import Harness
 
@@ -69,10 +76,52 @@ async def test_a_job_waits_with_a_reason_then_goes_to_a_worker_that_fits(harness
     record = await harness.wait_record(job_id, lambda r: r.state == JobState.assigned)
     assert (record.worker_id, record.attempt) == ("big", 1)
     [assignment] = await harness.assignments("big")
-    assert assignment["job_id"] == job_id and assignment["attempt"] == 1
-    assert assignment["base_model"]["name"] == "tiny" and assignment["base_model"]["version"] == 1
+    assert assignment["job_id"] == job_id
+    assert assignment["attempt"] == 1
+    assert assignment["base_model"]["name"] == "tiny"
+    assert assignment["base_model"]["version"] == 1
     assert assignment["dataset"]["id"] == harness.spec()["dataset"]
     assert names(await harness.events(job_id)) == ["queued", "assigned"]
+
+
+LLAMA_1B = {
+    "hidden_size": 2048,
+    "intermediate_size": 8192,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "num_hidden_layers": 16,
+    "vocab_size": 128256,
+    "dtype": "bfloat16",
+}
+
+
+async def test_a_gpu_job_waits_for_a_gpu_as_big_as_its_memory_estimate(
+    harness: Harness, tmp_path: Path
+) -> None:
+    await harness.register_model("llama", tmp_path, LLAMA_1B)
+    spec = harness.spec(
+        base_model="llama",
+        lora={"r": 16, "target_modules": "all-linear"},
+        training={"batch_size": 16, "seq_len": 2048},
+        resources={"gpus_per_worker": 1},
+    )
+    await harness.submit(spec, msg_id="k")
+    job_id = job_id_for("default", "k")
+    record = await harness.wait_record(job_id, lambda r: r.memory is not None)
+    assert record.memory is not None
+    assert record.memory.base_model == "llama@1"
+    need_gb = record.memory.total_bytes / (1 << 30)
+    assert 80 < need_gb < 141  # activations and 128k-vocabulary logits of 32k tokens
+
+    h100 = [Gpu(index=0, name="H100", memory_bytes=80 << 30)]
+    await harness.heartbeat("h100", cpus=4, gpus=h100)
+    await harness.wait_record(
+        job_id, lambda r: r.reason is not None and "estimated need" in r.reason
+    )
+    h200 = [Gpu(index=0, name="H200", memory_bytes=141 << 30)]
+    await harness.heartbeat("h200", cpus=4, gpus=h200)
+    record = await harness.wait_record(job_id, lambda r: r.state == JobState.assigned)
+    assert record.worker_id == "h200"
 
 
 async def test_a_lost_worker_s_job_moves_on_and_its_late_result_is_rejected(
@@ -92,7 +141,8 @@ async def test_a_lost_worker_s_job_moves_on_and_its_late_result_is_rejected(
         await harness.heartbeat("w2")
         await asyncio.sleep(0.25)
     record = await harness.wait_record(job_id, lambda r: r.worker_id == "w2")
-    assert record.attempt == 2 and record.state == JobState.assigned
+    assert record.attempt == 2
+    assert record.state == JobState.assigned
 
     adapter = AdapterRef(name="adapter", version=1, store_key="adapters/default/adapter/1")
     await harness.emit(Succeeded(job_id=job_id, attempt=1, adapter=adapter))  # late, stale
@@ -116,6 +166,25 @@ async def test_a_lost_worker_s_job_moves_on_and_its_late_result_is_rejected(
     ]
 
 
+async def test_a_paused_scheduler_does_not_take_jobs_from_workers_that_kept_beating(
+    harness: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A scheduler starved of CPU past the worker timeout wakes to a socket full of unread
+    heartbeats: its silence is not the workers'."""
+    await harness.submit(harness.spec(), msg_id="k")
+    job_id = job_id_for("default", "k")
+    listing = [RunningJob(job_id=job_id, attempt=1)]
+    async with harness.beating("w1", running=lambda: listing):
+        await harness.wait_record(job_id, lambda r: r.worker_id == "w1")
+        await harness.emit(Started(job_id=job_id, attempt=1, worker_id="w1"))
+        await harness.wait_record(job_id, lambda r: r.state == JobState.running)
+        time.sleep(2 * harness.settings.worker_timeout_s)  # noqa: ASYNC251 - the whole process pauses
+        await asyncio.sleep(3 * harness.settings.worker_timeout_s)
+        record = (await harness.jobs.get(job_id))[0]  # type: ignore[index]
+    assert (record.state, record.attempt, record.worker_id) == (JobState.running, 1, "w1")
+    assert not [r.message for r in caplog.records if "lost" in r.message]
+
+
 async def test_a_finished_job_leaves_its_revision_in_the_view_and_stays_finished(
     harness: Harness,
 ) -> None:
@@ -127,7 +196,7 @@ async def test_a_finished_job_leaves_its_revision_in_the_view_and_stays_finished
     adapter = AdapterRef(name="adapter", version=1, store_key="adapters/default/adapter/1")
     await harness.emit(Succeeded(job_id=job_id, attempt=1, adapter=adapter))
     await harness.wait_record(job_id, lambda r: r.state == JobState.succeeded)
-    view = harness.scheduler
+    view = harness.scheduler.view
     for _ in range(100):
         if view.finished(job_id):
             break
@@ -190,3 +259,24 @@ async def test_cancelling_a_queued_job_ends_it(harness: Harness) -> None:
     record = await harness.wait_record(job_id, lambda r: r.state == JobState.cancelled)
     assert record.cancel_requested
     assert names(await harness.events(job_id))[-1] == "cancelled"
+
+
+async def test_a_worker_that_died_while_no_scheduler_watched_is_shown_lost(
+    harness: Harness,
+) -> None:
+    """Its record said ``alive`` when the last scheduler stopped; no heartbeat ever comes to
+    this one, so after a worker timeout it must say ``lost``, not ``alive`` for ever."""
+    workers = RecordTable(await kv_bucket(harness.js, harness.subjects, "workers"), WorkerInfo)
+    res = Resources(cpus=2, memory_bytes=1 << 30)
+    for worker_id, state in (("w-ghost", "alive"), ("w-left", "gone"), ("w-live", "alive")):
+        info = WorkerInfo(
+            worker_id=worker_id, state=state, resources=res, free=res, last_heartbeat=utcnow()
+        )
+        await workers.put(worker_id, info)
+    async with harness.beating("w-live"):
+        for _ in range(100):
+            states = {w.worker_id: w.state for w in await workers.all()}
+            if states["w-ghost"] == "lost":
+                break
+            await asyncio.sleep(0.1)
+        assert states == {"w-ghost": "lost", "w-left": "gone", "w-live": "alive"}

@@ -1,5 +1,12 @@
-from swarm_common.events import Cancelled, Failed, Progress, Started, Succeeded
-from swarm_common.jobs import AdapterRef, JobRecord, JobSpec, JobState
+from swarm_contracts.events import (
+    Cancelled,
+    CheckpointSaved,
+    Failed,
+    Progress,
+    Started,
+    Succeeded,
+)
+from swarm_contracts.jobs import AdapterRef, JobRecord, JobSpec, JobState
 from swarm_scheduler.transitions import apply_event
 
 
@@ -12,7 +19,8 @@ def record(state: JobState, attempt: int = 1) -> JobRecord:
 
 def test_started_moves_assigned_to_running() -> None:
     new = apply_event(record(JobState.assigned), Started(job_id="job-1", attempt=1, worker_id="w1"))
-    assert new is not None and new.state == JobState.running
+    assert new is not None
+    assert new.state == JobState.running
 
 
 def test_events_of_a_stale_attempt_change_nothing() -> None:
@@ -36,18 +44,22 @@ def test_terminal_events_end_the_job_once() -> None:
         record(JobState.running),
         Succeeded(job_id="job-1", attempt=1, adapter=adapter, metrics={"eval_loss": 1.5}),
     )
-    assert done is not None and done.state == JobState.succeeded and done.adapter == adapter
+    assert done is not None
+    assert done.state == JobState.succeeded
+    assert done.adapter == adapter
     assert done.metrics["eval_loss"] == 1.5
     assert apply_event(done, Failed(job_id="job-1", attempt=1, reason="late")) is None
 
 
 def test_failed_and_cancelled_carry_the_reason() -> None:
     failed = apply_event(record(JobState.running), Failed(job_id="job-1", attempt=1, reason="oom"))
-    assert failed is not None and (failed.state, failed.reason) == (JobState.failed, "oom")
+    assert failed is not None
+    assert (failed.state, failed.reason) == (JobState.failed, "oom")
     cancelled = apply_event(
         record(JobState.running), Cancelled(job_id="job-1", attempt=1, reason="user")
     )
-    assert cancelled is not None and cancelled.state == JobState.cancelled
+    assert cancelled is not None
+    assert cancelled.state == JobState.cancelled
 
 
 def test_progress_updates_the_latest_metrics() -> None:
@@ -57,4 +69,31 @@ def test_progress_updates_the_latest_metrics() -> None:
             job_id="job-1", attempt=1, step=7, max_steps=10, loss=0.5, lr=1e-4, tokens_per_s=99.0
         ),
     )
-    assert new is not None and new.metrics == {"step": 7, "loss": 0.5, "tokens_per_s": 99.0}
+    assert new is not None
+    assert new.metrics == {"step": 7, "loss": 0.5, "tokens_per_s": 99.0}
+
+
+def test_an_older_report_applied_late_does_not_move_the_metrics_back() -> None:
+    def progress(step: int) -> Progress:
+        return Progress(
+            job_id="job-1",
+            attempt=1,
+            step=step,
+            max_steps=10,
+            loss=1 / step,
+            lr=1e-4,
+            tokens_per_s=9.0,
+        )
+
+    at_7 = apply_event(record(JobState.running), progress(7))
+    assert at_7 is not None
+    assert apply_event(at_7, progress(6)) is None
+    at_8 = apply_event(at_7, progress(8))
+    assert at_8 is not None
+    assert at_8.metrics["step"] == 8
+    saved = apply_event(at_8, CheckpointSaved(job_id="job-1", attempt=1, step=6, store_key="k"))
+    assert saved is not None
+    assert (
+        apply_event(saved, CheckpointSaved(job_id="job-1", attempt=1, step=3, store_key="k"))
+        is None
+    )

@@ -1,4 +1,4 @@
-from swarm_common.workers import Heartbeat, Resources
+from swarm_contracts.workers import Heartbeat, Resources
 from swarm_scheduler.worker_table import WorkerTable
 
 
@@ -25,6 +25,9 @@ def test_a_silent_worker_is_lost_once_and_comes_back_on_its_next_heartbeat() -> 
     clock.now = 11
     assert [w.worker_id for w in table.expire()] == ["w1"]
     assert table.expire() == []
-    assert not table.is_alive("w1") and table.known("w1")
+    assert not table.is_alive("w1")
+    assert table.known("w1")
     info, fresh = table.heartbeat(heartbeat("w1"))
-    assert fresh and info.state == "alive" and table.is_alive("w1")
+    assert fresh
+    assert info.state == "alive"
+    assert table.is_alive("w1")

@@ -6,8 +6,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from swarm_common.settings import Settings
 from swarm_gateway import create_app
+from swarm_runtime.settings import Settings
 
 from ..conftest import ServerThread
 

@@ -11,13 +11,13 @@ from typer.testing import CliRunner
 
 from swarm.cli import app
 from swarm.client import Client, NotFoundError, ValidationError
-from swarm_common.broker import make_broker, publish_job_event
-from swarm_common.events import Failed, Progress, Succeeded, Validated
-from swarm_common.jobs import AdapterRef, JobRecord, JobSpec, JobState
-from swarm_common.records import RecordTable
-from swarm_common.settings import Settings
-from swarm_common.subjects import Subjects
-from swarm_common.topology import kv_bucket
+from swarm_contracts.events import Failed, Progress, Succeeded, Validated
+from swarm_contracts.jobs import AdapterRef, JobRecord, JobSpec, JobState
+from swarm_contracts.subjects import Subjects
+from swarm_runtime.broker import make_broker, publish_job_event
+from swarm_runtime.records import RecordTable
+from swarm_runtime.settings import Settings
+from swarm_runtime.topology import kv_bucket
 
 runner = CliRunner()
 
@@ -38,18 +38,22 @@ def test_dataset_upload_and_list_json(gateway, dataset_file: Path) -> None:  # t
     code, out = cli(gateway.url, "datasets", "upload", str(dataset_file), "--json")
     assert code == 0, out
     info = json.loads(out)
-    assert info["id"].startswith("ds-") and info["name"] == "train.jsonl"
+    assert info["id"].startswith("ds-")
+    assert info["name"] == "train.jsonl"
     code, out = cli(gateway.url, "datasets", "--json")
-    assert code == 0 and [d["id"] for d in json.loads(out)] == [info["id"]]
+    assert code == 0
+    assert [d["id"] for d in json.loads(out)] == [info["id"]]
     code, out = cli(gateway.url, "datasets", "ls")
-    assert code == 0 and info["id"] in out
+    assert code == 0
+    assert info["id"] in out
 
 
 def test_bad_dataset_reports_the_line(gateway, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"text": "a"}\n{"text": "b"}\nnope\n')
     code, out = cli(gateway.url, "datasets", "upload", str(bad))
-    assert code == 2 and "line 3" in out
+    assert code == 2
+    assert "line 3" in out
 
 
 def test_submit_and_spec_errors(gateway, dataset_file: Path, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -61,36 +65,43 @@ def test_submit_and_spec_errors(gateway, dataset_file: Path, tmp_path: Path) -> 
     code, out = cli(gateway.url, "submit", str(spec), "--json", "--idempotency-key", "k")
     assert code == 0, out
     record = json.loads(out)
-    assert record["state"] == "queued" and record["spec"]["training"]["max_steps"] == 5
+    assert record["state"] == "queued"
+    assert record["spec"]["training"]["max_steps"] == 5
 
     spec.write_text(
         f"name: bot\nbase_model: tiny-llama\ndataset: {ds}\ntraining: {{max_stepz: 5}}\n"
     )
     code, out = cli(gateway.url, "submit", str(spec))
-    assert code == 2 and "training.max_stepz" in out
+    assert code == 2
+    assert "training.max_stepz" in out
 
     code, out = cli(gateway.url, "submit", str(tmp_path / "missing.yaml"))
     assert code == 2  # typer rejects the missing file itself
 
     with pytest.raises(ValidationError) as info:
         Client(gateway.url).submit({"name": "bot", "base_model": "x", "dataset": "nope"})
-    assert info.value.status_code == 422 and "dataset" in str(info.value)
+    assert info.value.status_code == 422
+    assert "dataset" in str(info.value)
 
 
 def test_missing_job_and_registry_down(gateway) -> None:  # type: ignore[no-untyped-def]
     code, out = cli(gateway.url, "jobs", "show", "job-0123456789")
-    assert code == 2 and "not found" in out
+    assert code == 2
+    assert "not found" in out
     with pytest.raises(NotFoundError):
         Client(gateway.url).get_job("job-0123456789")
     code, out = cli(gateway.url, "models", "--json")
-    assert code == 2 and "registry" in out
+    assert code == 2
+    assert "registry" in out
     code, out = cli(gateway.url, "workers", "--json")
-    assert code == 0 and json.loads(out) == []
+    assert code == 0
+    assert json.loads(out) == []
 
 
 def test_unreachable_gateway_is_a_clear_error() -> None:
     code, out = cli("http://127.0.0.1:9", "jobs")
-    assert code == 2 and "cannot reach" in out
+    assert code == 2
+    assert "cannot reach" in out
 
 
 async def test_jobs_listing_and_follow(gateway, settings: Settings, dataset_file: Path) -> None:  # type: ignore[no-untyped-def]
@@ -130,17 +141,21 @@ async def test_jobs_listing_and_follow(gateway, settings: Settings, dataset_file
             await publish_job_event(broker, subjects, "test", event)
 
         code, out = cli(gateway.url, "jobs", "--json")
-        assert code == 0 and {j["job_id"] for j in json.loads(out)} == {good, bad}
+        assert code == 0
+        assert {j["job_id"] for j in json.loads(out)} == {good, bad}
         code, out = cli(gateway.url, "jobs", "ls", "--state", "failed", "--json")
         assert [j["job_id"] for j in json.loads(out)] == [bad]
         code, out = cli(gateway.url, "jobs", "show", good, "--json")
-        assert code == 0 and json.loads(out)["adapter"]["version"] == 3
+        assert code == 0
+        assert json.loads(out)["adapter"]["version"] == 3
 
         code, out = cli(gateway.url, "jobs", "follow", good)
         assert code == 0, out
-        assert "bot v3" in out and "0.7500" in out
+        assert "bot v3" in out
+        assert "0.7500" in out
         code, out = cli(gateway.url, "jobs", "follow", bad)
-        assert code == 1 and "out of memory" in out
+        assert code == 1
+        assert "out of memory" in out
 
         events = [e.event for e in c.events(good)]
         assert events == ["progress", "validated", "succeeded"]

@@ -30,7 +30,8 @@ def write_config(home: Path, text: str) -> None:
 
 
 def test_file_then_env_then_argument(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    assert resolve().gateway_url == "http://127.0.0.1:8080" and resolve().api_key is None
+    assert resolve().gateway_url == "http://127.0.0.1:8080"
+    assert resolve().api_key is None
     write_config(home, 'gateway_url = "http://file:1/"\napi_key = "file-key"\n')
     assert resolve() == resolve(None, None)
     assert (resolve().gateway_url, resolve().api_key) == ("http://file:1", "file-key")
@@ -43,14 +44,17 @@ def test_file_then_env_then_argument(home: Path, monkeypatch: pytest.MonkeyPatch
 def test_cli_reads_the_config_file(home: Path, gateway: ServerThread) -> None:
     write_config(home, f'gateway_url = "{gateway.url}"\n')
     result = runner.invoke(app, ["jobs", "--json"])
-    assert result.exit_code == 0 and result.output.strip() == "[]", result.output
+    assert result.exit_code == 0, result.output
+    assert result.output.strip() == "[]", result.output
 
     # The environment wins over the file: here it points nowhere.
     result = runner.invoke(app, ["jobs"], env={"SWARM_GATEWAY_URL": "http://127.0.0.1:9"})
-    assert result.exit_code == 2 and "127.0.0.1:9" in result.output
+    assert result.exit_code == 2
+    assert "127.0.0.1:9" in result.output
 
 
 def test_a_broken_config_file_is_named(home: Path) -> None:
     write_config(home, "gateway_url = \n")
     result = runner.invoke(app, ["jobs"], env={"COLUMNS": "300"})
-    assert result.exit_code == 2 and "config.toml" in result.output
+    assert result.exit_code == 2
+    assert "config.toml" in result.output

@@ -10,13 +10,13 @@ from typer.testing import CliRunner
 
 from swarm.cli import app
 from swarm.client import Client
-from swarm_common.broker import make_broker, publish_job_event
-from swarm_common.events import Failed, Progress, Succeeded, Validated
-from swarm_common.jobs import AdapterRef, JobRecord, JobSpec, JobState
-from swarm_common.records import RecordTable
-from swarm_common.settings import Settings
-from swarm_common.subjects import Subjects
-from swarm_common.topology import kv_bucket
+from swarm_contracts.events import Failed, Progress, Succeeded, Validated
+from swarm_contracts.jobs import AdapterRef, JobRecord, JobSpec, JobState
+from swarm_contracts.subjects import Subjects
+from swarm_runtime.broker import make_broker, publish_job_event
+from swarm_runtime.records import RecordTable
+from swarm_runtime.settings import Settings
+from swarm_runtime.topology import kv_bucket
 
 from ..conftest import ServerThread
 
@@ -84,10 +84,13 @@ async def test_follow_events_and_plot(
     code, out = cli(gateway.url, "jobs", "follow", GOOD)
     assert code == 0, out
     # Step 5 of 10 after 10 s: 5 steps left at 2 s each.
-    assert "5/10" in out and "eta 0:00:10" in out and "500 tok/s" in out
+    assert "5/10" in out
+    assert "eta 0:00:10" in out
+    assert "500 tok/s" in out
     assert "bot v2" in out
     code, out = cli(gateway.url, "jobs", "follow", BAD)
-    assert code == 1 and "oom" in out
+    assert code == 1
+    assert "oom" in out
 
     code, out = cli(gateway.url, "jobs", "events", GOOD, "--json")
     assert code == 0, out
@@ -99,10 +102,13 @@ async def test_follow_events_and_plot(
         "swarm.job.succeeded",
     ]
     code, out = cli(gateway.url, "jobs", "events", GOOD, "--after", lines[1]["seq"])
-    assert code == 0 and out.split()[1] == "validated" and "eval_loss=0.9" in out
+    assert code == 0
+    assert out.split()[1] == "validated"
+    assert "eval_loss=0.9" in out
 
     png = tmp_path / "loss.png"
     code, out = cli(gateway.url, "jobs", "show", GOOD, "--plot", str(png), "--json")
     assert code == 0, out
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert png.stat().st_size > 5000
     assert json.loads(out[out.index("{") :])["job_id"] == GOOD

@@ -22,5 +22,6 @@ def test_demo_files_are_byte_identical_and_valid(tmp_path: Path) -> None:
     train2, _ = write_demo_datasets(tmp_path / "b")
     assert train1.read_bytes() == train2.read_bytes()
     summary = validate_jsonl(train1)
-    assert summary.format == "prompt_completion" and summary.examples >= 300
+    assert summary.format == "prompt_completion"
+    assert summary.examples >= 300
     assert json.loads(val1.read_text().splitlines()[0])

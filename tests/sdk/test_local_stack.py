@@ -12,12 +12,12 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
+from rich.console import Console
 
 from swarm import local_stack
-from swarm.local_stack import LocalStack, StackError
-from swarm_common.settings import Settings
+from swarm.local_stack import LocalStack, StackAddresses, StackError
 
-from ..conftest import free_port
+from ..conftest import NatsServer, free_port
 
 pytestmark = pytest.mark.slow
 
@@ -28,6 +28,8 @@ def test_swarm_up_serves_and_ctrl_c_stops_every_process(tmp_path: Path) -> None:
         "SWARM_NATS_URL": f"nats://127.0.0.1:{free_port()}",
         "SWARM_GATEWAY_PORT": str(gateway_port),
         "SWARM_TELEMETRY_PORT": str(free_port()),
+        # Not the default /metrics ports: another stack may run beside this test.
+        "SWARM_METRICS_PORT_BASE": str(free_port()),
         "SWARM_TRAINER_CPUS": "1",
     }
     swarm = Path(sys.executable).with_name("swarm")
@@ -71,7 +73,55 @@ def test_a_missing_nats_server_says_how_to_install_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(local_stack, "find_nats_server", lambda: None)
-    stack = LocalStack(tmp_path, settings=Settings(nats_url=f"nats://127.0.0.1:{free_port()}"))
+    stack = LocalStack(
+        tmp_path, settings=StackAddresses(nats_url=f"nats://127.0.0.1:{free_port()}")
+    )
     with pytest.raises(StackError, match="apt-get install nats-server"):
         stack.start()
     assert stack.procs == {}
+
+
+def test_a_nats_already_answering_is_refused_unless_named_on_purpose(
+    nats_server: NatsServer, tmp_path: Path
+) -> None:
+    addresses = StackAddresses(nats_url=nats_server.url)
+    stack = LocalStack(tmp_path, settings=addresses, services=())
+    with pytest.raises(StackError, match="already answers on"):
+        stack.start()
+    with LocalStack(tmp_path, settings=addresses, services=(), reuse_nats=True) as reused:
+        assert reused.reused_nats
+        assert reused.nats_proc is None  # not ours: never stopped or restarted by us
+
+
+def test_supervise_restarts_a_dead_service_and_nats_on_its_store(tmp_path: Path) -> None:
+    stack = LocalStack(
+        tmp_path,
+        settings=StackAddresses(nats_url=f"nats://127.0.0.1:{free_port()}"),
+        services=("registry",),
+        console=Console(stderr=True, quiet=True),
+    )
+    with stack:
+        first = stack.procs["registry"]
+        assert stack.nats_proc is not None
+        nats_pid, port = stack.nats_proc.pid, stack.nats_port
+        first.kill()
+        first.wait(10)
+        stack.nats_proc.kill()
+        stack.nats_proc.wait(10)
+
+        assert stack.supervise()
+        assert stack.procs["registry"].pid != first.pid
+        assert stack.procs["registry"].poll() is None
+        assert stack.nats_proc.pid != nats_pid
+        assert local_stack.port_answers("127.0.0.1", port)
+        # The same store directory: JetStream finds what it had.
+        assert (tmp_path / "nats" / "jetstream").is_dir()
+
+        # One that keeps dying is given up on (it was restarted once above).
+        for _ in range(local_stack.MAX_RESTARTS - 1):
+            stack.procs["registry"].kill()
+            stack.procs["registry"].wait(10)
+            assert stack.supervise()
+        stack.procs["registry"].kill()
+        stack.procs["registry"].wait(10)
+        assert not stack.supervise()

@@ -7,11 +7,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 from faststream.nats import NatsBroker
 
-from swarm_common.broker import make_broker, publish_job_event
-from swarm_common.events import JobEvent
-from swarm_common.settings import Settings
-from swarm_common.subjects import Subjects
-from swarm_common.topology import ensure_topology
+from swarm_contracts.events import JobEvent
+from swarm_contracts.subjects import Subjects
+from swarm_runtime.broker import make_broker, publish_job_event
+from swarm_runtime.settings import Settings
+from swarm_runtime.topology import ensure_topology
 
 Publish = Callable[[JobEvent], Awaitable[None]]
 

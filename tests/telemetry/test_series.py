@@ -14,11 +14,11 @@ import nats.errors
 import pytest
 from nats.aio.client import Client
 
-from swarm_common.events import Assigned, Failed, JobEvent, Progress, Queued, Started, Validated
-from swarm_common.jobs import JobSpec
-from swarm_common.metrics import TrainPoint
-from swarm_common.settings import Settings
-from swarm_common.subjects import Subjects
+from swarm_contracts.events import Assigned, Failed, JobEvent, Progress, Queued, Started, Validated
+from swarm_contracts.jobs import JobSpec
+from swarm_contracts.metrics import TrainPoint
+from swarm_contracts.subjects import Subjects
+from swarm_runtime.settings import Settings
 from swarm_telemetry import TelemetryService, build_app
 from swarm_telemetry.series import downsample
 
@@ -98,7 +98,12 @@ async def test_series_over_nats_http_and_prometheus(settings: Settings, publish:
         small = await query(nc, settings, {"job_id": "job-a", "max_points": 3})
         assert [p["step"] for p in small["result"]["train"]] == [1, 6, 10]
         unknown = await query(nc, settings, {"job_id": "job-zzz"})
-        assert unknown == {"ok": False, "error": "unknown job 'job-zzz'", "result": None}
+        assert unknown == {
+            "ok": False,
+            "error": "unknown job 'job-zzz'",
+            "code": "not_found",
+            "result": None,
+        }
 
         transport = httpx.ASGITransport(app=service.http)
         async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
@@ -212,5 +217,6 @@ def test_downsample_keeps_first_last_and_bound(n: int, m: int) -> None:
     assert len(picked) == min(n, m)
     assert picked == sorted(set(picked))
     if n:
-        assert picked[0] == 0 and picked[-1] == n - 1
+        assert picked[0] == 0
+        assert picked[-1] == n - 1
     assert downsample(points, None) == points

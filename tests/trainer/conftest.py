@@ -11,10 +11,12 @@ from typing import Any
 
 import pytest
 
-from swarm_common.datasets import DatasetInfo, dataset_id_for, dataset_store_key
-from swarm_common.jobs import JobSpec, ModelRef
-from swarm_common.store import ObjectStore
-from swarm_common.workers import Assignment
+from swarm_contracts.datasets import DatasetInfo, dataset_id_for
+from swarm_contracts.jobs import JobSpec, ModelRef
+from swarm_contracts.layout import dataset_key
+from swarm_contracts.workers import Assignment
+from swarm_runtime.store import ObjectStore, tree_digest
+from swarm_trainer.reports import Report
 from swarm_trainer.tiny_model import create_tiny_model
 
 
@@ -55,7 +57,7 @@ def put_dataset(
 ) -> DatasetInfo:
     data = "".join(json.dumps(r) + "\n" for r in records).encode()
     sha = hashlib.sha256(data).hexdigest()
-    key = dataset_store_key(tenant, sha)
+    key = dataset_key(tenant, sha)
     store.put_bytes(key, data)
     return DatasetInfo(
         id=dataset_id_for(sha),
@@ -71,8 +73,8 @@ def put_dataset(
 def put_model(store: ObjectStore, model_dir: Path) -> ModelRef:
     key = "models/tiny-llama/0000000000000000"
     files = store.upload_dir(model_dir, key)
-    digest = hashlib.sha256(json.dumps(sorted(files.items())).encode()).hexdigest()
-    return ModelRef(name="tiny-llama", version=1, store_key=key, digest=digest)
+    # As the registry records it: the worker's cache checks the files against it.
+    return ModelRef(name="tiny-llama", version=1, store_key=key, digest=tree_digest(files))
 
 
 def make_assignment(
@@ -124,9 +126,9 @@ def make_assignment(
     )
 
 
-def drain(queue: Any) -> list[dict[str, Any]]:
+def drain(queue: Any) -> list[Report]:
     """Everything rank 0 sent through a Ray progress queue, in order."""
-    messages: list[dict[str, Any]] = []
+    messages: list[Report] = []
     while not queue.empty():
         messages.append(queue.get())
     return messages

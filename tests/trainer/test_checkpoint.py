@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import torch
-from peft import LoraConfig, get_peft_model
+from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
 from transformers import AutoModelForCausalLM
 
-from swarm_common.store import LocalStore
+from swarm_contracts.layout import resume_key, run_key
+from swarm_runtime.store import LocalStore
 from swarm_trainer.checkpoint import (
     ADAPTER_FILE,
     SNAPSHOT_FILE,
@@ -17,11 +19,12 @@ from swarm_trainer.checkpoint import (
     committed_checkpoint_step,
     load_checkpoint,
     prepare_resume,
-    resume_key,
-    run_key,
     save_checkpoint,
+    wait_committed,
 )
-from swarm_trainer.recipe import lr_lambda
+from swarm_trainer.reports import Evaluation
+from swarm_trainer.step import lr_lambda
+from swarm_trainer.train_state import TrainState
 
 
 def setup(model_dir: Path, seed: int) -> tuple:
@@ -48,10 +51,21 @@ def test_checkpoint_round_trip_continues_identically(tiny_model_dir: Path, tmp_p
     model, optimizer, scheduler = setup(tiny_model_dir, seed=0)
     for _ in range(3):
         step(model, optimizer, scheduler)
-    save_checkpoint(tmp_path, model, optimizer, scheduler, {"step": 3})
+    evaluation = Evaluation(step=2, eval_loss=1.5, perplexity=4.48)
+    best = {k: v.clone() for k, v in get_peft_model_state_dict(model).items()}
+    state = TrainState(
+        step=3,
+        data_index=6,
+        train_loss=1.25,
+        eval_history=[evaluation],
+        best=evaluation,
+        best_weights=best,
+    )
+    save_checkpoint(tmp_path, model, optimizer.state_dict(), scheduler, state)
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "adapter_config.json",
         "adapter_model.safetensors",
+        "best_adapter.safetensors",
         "optimizer.safetensors",
         "optimizer_groups.json",
         "scheduler.json",
@@ -61,9 +75,34 @@ def test_checkpoint_round_trip_continues_identically(tiny_model_dir: Path, tmp_p
 
     # A fresh model with different LoRA init, restored from the checkpoint.
     model2, optimizer2, scheduler2 = setup(tiny_model_dir, seed=1)
-    assert load_checkpoint(tmp_path, model2, optimizer2, scheduler2) == {"step": 3}
+    loaded = load_checkpoint(tmp_path, model2, optimizer2, scheduler2)
+    assert loaded == state
+    assert loaded.best_weights is not None
+    assert loaded.best_weights.keys() == best.keys()
+    assert all(torch.equal(loaded.best_weights[k], best[k]) for k in best)
     resumed = [step(model2, optimizer2, scheduler2) for _ in range(2)]
     assert resumed == expected
+
+
+def test_train_state_reads_what_the_dict_based_loop_wrote() -> None:
+    """Checkpoints written before ``TrainState`` existed hold this JSON: they still resume."""
+    written = {
+        "step": 10,
+        "data_index": 20,
+        "eval_history": [
+            {"step": 5, "eval_loss": 2.5, "perplexity": 12.18},
+            {"step": 10, "eval_loss": 2.75, "perplexity": 15.64},
+        ],
+        "train_loss": 2.0,
+        "best": {"step": 5, "eval_loss": 2.5, "perplexity": 12.18},
+    }
+    state = TrainState.from_json(json.loads(json.dumps(written)))
+    assert state.step == 10
+    assert state.data_index == 20
+    assert state.best == Evaluation(step=5, eval_loss=2.5, perplexity=12.18)
+    assert [e.step for e in state.eval_history] == [5, 10]
+    assert state.to_json() == written  # and it writes the same layout back
+    assert TrainState.from_json({**written, "best": None, "eval_history": []}).best is None
 
 
 # --- which checkpoint a new attempt starts from ----------------------------------------------
@@ -92,13 +131,27 @@ def test_a_new_attempt_copies_the_latest_committed_checkpoint_of_earlier_attempt
     store.put_bytes(f"{run_key('job-1', 2)}/{checkpoint_dir_name(12)}/{ADAPTER_FILE}", b"x")
 
     point = prepare_resume(store, "job-1", 3)
-    assert point is not None and point.step == 9 and point.key == resume_key("job-1", 3)
+    assert point is not None
+    assert point.step == 9
+    assert point.key == resume_key("job-1", 3)
     assert store.get_bytes(f"{point.key}/{ADAPTER_FILE}") == checkpoint_dir_name(9).encode()
     # Asked again (a retried start), the same copy, even after the source is gone.
     store.delete_prefix(run_key("job-1", 2) + "/")
     assert prepare_resume(store, "job-1", 3) == point
     assert committed_checkpoint_step(store, "job-1", 1) == 6
     assert committed_checkpoint_step(store, "job-1", 2) == 0
+
+
+def test_waiting_for_a_commit_ends_when_it_is_there_or_when_told_to_give_up(
+    tmp_path: Path,
+) -> None:
+    store = LocalStore(tmp_path)
+    commit(store, "job-1", 1, 2)
+    assert wait_committed(store, "job-1", 1, 2, timeout_s=0)
+    started = time.monotonic()
+    # Step 4 never comes: a superseded run's agent stops waiting at once, not after a minute.
+    assert not wait_committed(store, "job-1", 1, 4, timeout_s=60, give_up=lambda: True)
+    assert time.monotonic() - started < 5
 
 
 def test_a_checkpoint_pruned_while_copied_is_not_resumed_from(tmp_path: Path) -> None:
@@ -118,5 +171,6 @@ def test_a_checkpoint_pruned_while_copied_is_not_resumed_from(tmp_path: Path) ->
     store = Pruning(tmp_path)
     commit(store, "job-1", 1, 3, 6)
     point = prepare_resume(store, "job-1", 2)
-    assert point is not None and point.step == 9
+    assert point is not None
+    assert point.step == 9
     assert store.get_bytes(f"{point.key}/{ADAPTER_FILE}") == checkpoint_dir_name(9).encode()

@@ -32,7 +32,8 @@ def test_prompt_tokens_are_masked(tokenizer: Any) -> None:
 
 def test_text_trains_on_everything_and_chat_on_assistant_only(tokenizer: Any) -> None:
     e = encode_example({"text": "hello world"}, tokenizer, 256)
-    assert e is not None and e.labels[1:] == e.input_ids[1:]
+    assert e is not None
+    assert e.labels[1:] == e.input_ids[1:]
     chat = {
         "messages": [
             {"role": "user", "content": "hi"},
@@ -50,7 +51,8 @@ def test_truncation_and_fully_masked_examples_dropped(tokenizer: Any) -> None:
     long = {"prompt": "word " * 100, "completion": " end"}
     assert encode_example(long, tokenizer, 16) is None  # nothing to learn once truncated
     e = encode_example({"text": "word " * 100}, tokenizer, 16)
-    assert e is not None and len(e.input_ids) == 16 == len(e.labels)
+    assert e is not None
+    assert len(e.input_ids) == 16 == len(e.labels)
     with pytest.raises(DatasetError):
         tokenize([long], tokenizer, 16)
     with pytest.raises(DatasetError, match="unsupported"):
@@ -70,7 +72,9 @@ def test_holdout_split_is_deterministic() -> None:
     items = list(range(50))
     train, val = split_holdout(items, 0.1, seed=7)
     assert (train, val) == split_holdout(items, 0.1, seed=7)
-    assert len(val) == 5 and not set(train) & set(val) and sorted(train + val) == items
+    assert len(val) == 5
+    assert not set(train) & set(val)
+    assert sorted(train + val) == items
     assert split_holdout(items, 0.1, seed=8)[1] != val
     assert split_holdout(items, 0.0, seed=7) == (items, [])
 

@@ -8,11 +8,12 @@ import torch
 from peft import PeftModel
 from transformers import AutoModelForCausalLM
 
-from swarm_common.jobs import LoraSpec, TrainingSpec
-from swarm_common.store import LocalStore
+from swarm_contracts.jobs import LoraSpec, TrainingSpec
+from swarm_contracts.layout import export_prefix
+from swarm_runtime.store import LocalStore
 from swarm_trainer.checkpoint import save_adapter
-from swarm_trainer.export import export_key, export_merged
-from swarm_trainer.recipe import build_model
+from swarm_trainer.export import export_merged
+from swarm_trainer.model import build_model
 
 
 def test_merged_model_logits_match_base_plus_adapter(tiny_model_dir: Path, tmp_path: Path) -> None:
@@ -28,11 +29,12 @@ def test_merged_model_logits_match_base_plus_adapter(tiny_model_dir: Path, tmp_p
     store.upload_dir(tmp_path / "adapter", "adapters/default/arith/1")
 
     key = export_merged(
-        store, "models/tiny/1", "adapters/default/arith/1", export_key("default", "arith", 1)
+        store, "models/tiny/1", "adapters/default/arith/1", export_prefix("default", "arith", 1)
     )
     assert key == "exports/default/arith/1"
     names = {k.rsplit("/", 1)[-1] for k in store.list(key + "/")}
-    assert "config.json" in names and any(n.endswith(".safetensors") for n in names)
+    assert "config.json" in names
+    assert any(n.endswith(".safetensors") for n in names)
     assert not any(n.endswith((".bin", ".pt", ".pkl")) for n in names)
     assert "adapter_config.json" not in names  # plain weights, no peft needed
 

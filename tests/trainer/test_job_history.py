@@ -5,11 +5,11 @@ from __future__ import annotations
 import nats
 from faststream.nats import NatsBroker
 
-from swarm_common.broker import publish_job_event
-from swarm_common.events import Started
-from swarm_common.settings import Settings
-from swarm_common.subjects import Subjects
-from swarm_common.topology import ensure_topology
+from swarm_contracts.events import Started
+from swarm_contracts.subjects import Subjects
+from swarm_runtime.broker import publish_job_event
+from swarm_runtime.settings import Settings
+from swarm_runtime.topology import ensure_topology
 from swarm_trainer.job_history import workers_that_ran
 
 

@@ -10,10 +10,10 @@ from typing import Any
 import nats
 import pytest
 
-from swarm_common.settings import Settings
-from swarm_common.store import open_store
-from swarm_common.subjects import Subjects
+from swarm_contracts.subjects import Subjects
 from swarm_registry.app import build_app as build_registry
+from swarm_runtime.settings import Settings
+from swarm_runtime.store import open_store
 from swarm_trainer.app import build_app
 
 from ..conftest import sample, scrape

@@ -7,9 +7,10 @@ from typing import Any
 
 import torch
 
-from swarm_common.jobs import LoraSpec, TrainingSpec
+from swarm_contracts.jobs import LoraSpec, TrainingSpec
 from swarm_trainer.data import IGNORE_INDEX, collate, collate_packed, pack_rows, tokenize
-from swarm_trainer.recipe import build_model, lr_lambda, train_step
+from swarm_trainer.model import build_model
+from swarm_trainer.step import lr_lambda, train_step
 
 RECORDS = [
     {"prompt": "Question: what is 3 plus 3? Answer:", "completion": " 6."},
@@ -67,16 +68,13 @@ def test_pack_rows_respects_capacity() -> None:
     assert len(rows) == 3  # 24 tokens in rows of 8: first-fit decreasing fills them exactly
 
 
-def test_gradient_checkpointing_and_seed_do_not_change_the_math(
-    tiny_model_dir: Path, tokenizer: Any
-) -> None:
+def test_the_seed_fixes_the_training(tiny_model_dir: Path, tokenizer: Any) -> None:
     examples = tokenize(RECORDS * 2, tokenizer, 64)
     batch = collate(examples, tokenizer.pad_token_id)
 
-    def losses(checkpointing: bool, seed: int) -> list[float]:
+    def losses(seed: int) -> list[float]:
         torch.manual_seed(seed)
-        training = TrainingSpec(gradient_checkpointing=checkpointing)
-        model = build_model(tiny_model_dir, LoraSpec(dropout=0.1), training).train()
+        model = build_model(tiny_model_dir, LoraSpec(dropout=0.1), TrainingSpec()).train()
         params = [p for p in model.parameters() if p.requires_grad]
         opt = torch.optim.AdamW(params, lr=1e-2)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(1, 4))
@@ -84,8 +82,6 @@ def test_gradient_checkpointing_and_seed_do_not_change_the_math(
         torch.manual_seed(seed + 1)  # dropout masks
         return [train_step(model, [batch], opt, sched, 1.0, device).loss for _ in range(3)]
 
-    plain = losses(False, 0)
-    assert losses(False, 0) == plain  # same seed: same losses, exactly
-    assert losses(False, 5) != plain  # another seed: other LoRA init and dropout masks
-    # Recomputing activations (with the same dropout masks) gives the same training.
-    assert torch.allclose(torch.tensor(losses(True, 0)), torch.tensor(plain), atol=1e-5)
+    plain = losses(0)
+    assert losses(0) == plain  # same seed: same losses, exactly
+    assert losses(5) != plain  # another seed: other LoRA init and dropout masks

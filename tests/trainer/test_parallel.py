@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from swarm_common.settings import Settings
-from swarm_common.store import LocalStore
+from swarm_runtime.settings import Settings
+from swarm_runtime.store import LocalStore
+from swarm_trainer.hooks import RecordRanks
 from swarm_trainer.run import run_job
 
 from .conftest import arithmetic_records, make_assignment
@@ -30,14 +31,16 @@ def test_two_workers_see_disjoint_shards_and_agree_on_weights(
     )
     trace_dir = tmp_path / "trace"
     trace_dir.mkdir()
-    result = run_job(job, settings, store, hooks={"trace_dir": str(trace_dir)})
+    result = run_job(job, settings, store, hooks=RecordRanks(str(trace_dir)))
     assert result is not None
 
     ranks = [json.loads((trace_dir / f"rank{r}.json").read_text()) for r in (0, 1)]
     seen = [set(r["sources"]) for r in ranks]
     # 4 steps x 4 examples each, all from the rank's own shard, none shared.
     assert all(len(r["sources"]) == 16 for r in ranks)
-    assert seen[0] and seen[1] and not seen[0] & seen[1]
+    assert seen[0]
+    assert seen[1]
+    assert not seen[0] & seen[1]
     n_train = len(arithmetic_records()) - round(len(arithmetic_records()) * 0.15)
     assert seen[0] | seen[1] <= set(range(n_train))
     # Gradients were averaged across ranks every step: identical adapters, bit for bit.

@@ -9,11 +9,11 @@ import torch
 from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
 from transformers import AutoModelForCausalLM
 
-from swarm_common.jobs import LoraSpec, ParentAdapter, TrainingSpec
-from swarm_common.store import LocalStore
+from swarm_contracts.jobs import LoraSpec, ParentAdapter, TrainingSpec
+from swarm_runtime.store import LocalStore
 from swarm_trainer.checkpoint import save_adapter
+from swarm_trainer.model import build_model
 from swarm_trainer.parent_adapter import ParentAdapterError, fetch_parent, missing_parent_files
-from swarm_trainer.recipe import build_model
 
 PARENT_LORA = LoraSpec(r=4, alpha=8, dropout=0.0, target_modules=["q_proj", "v_proj"])
 
@@ -61,12 +61,14 @@ def test_a_continued_job_starts_from_the_parent_s_weights_and_trains_them(
     model = build_model(tiny_model_dir, lora, TrainingSpec(), directory)
 
     loaded = lora_b(model)
-    assert loaded.keys() == parent_b.keys() and loaded
+    assert loaded.keys() == parent_b.keys()
+    assert loaded
     for name, value in parent_b.items():
         assert torch.equal(loaded[name], value), name
     assert any(v.abs().sum() > 0 for v in loaded.values())  # not a fresh (zero) LoRA B
     trainable = [n for n, p in model.named_parameters() if p.requires_grad]
-    assert trainable and all("lora_" in n for n in trainable)
+    assert trainable
+    assert all("lora_" in n for n in trainable)
     assert model.peft_config["default"].lora_dropout == 0.1
     assert model.peft_config["default"].r == PARENT_LORA.r
 

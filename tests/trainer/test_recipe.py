@@ -8,9 +8,10 @@ from typing import Any
 
 import torch
 
-from swarm_common.jobs import LoraSpec, TrainingSpec
+from swarm_contracts.jobs import LoraSpec, TrainingSpec
 from swarm_trainer.data import IGNORE_INDEX, collate, tokenize
-from swarm_trainer.recipe import build_model, train_step
+from swarm_trainer.model import build_model
+from swarm_trainer.step import train_step
 
 
 def _chat(question: str, answer: str) -> dict[str, Any]:

@@ -5,12 +5,13 @@ same holds across attempts: a new attempt's Ray run resumes from what an earlier
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from swarm_common.settings import Settings
-from swarm_common.store import LocalStore
+from swarm_runtime.settings import Settings
+from swarm_runtime.store import LocalStore
+from swarm_trainer.hooks import CrashBeforeStep
+from swarm_trainer.reports import Progress, Report, Started
 from swarm_trainer.run import RunResult, committed_checkpoint_step, run_job
 
 from .conftest import drain, make_assignment
@@ -23,8 +24,12 @@ LORA = {"dropout": 0.2}
 TRAINING = {"max_steps": 8, "checkpoint_every": 4, "eval_every": 4, "seed": 3}
 
 
-def losses_by_step(messages: list[dict]) -> dict[int, float]:
-    return {m["step"]: m["loss"] for m in messages if m["kind"] == "progress"}
+def losses_by_step(messages: list[Report]) -> dict[int, float]:
+    return {m.step: m.loss for m in messages if isinstance(m, Progress)}
+
+
+def resumed_from(messages: list[Report]) -> list[int]:
+    return [m.resumed_from_step for m in messages if isinstance(m, Started)]
 
 
 @pytest.fixture(scope="module")
@@ -48,13 +53,9 @@ def reference(
     return expected, result
 
 
-def crash_hooks(tmp_path: Path) -> dict[str, Any]:
+def crash_hooks(tmp_path: Path) -> CrashBeforeStep:
     """Rank 0's worker dies before step 7, leaving a half-written checkpoint_00000006."""
-    return {
-        "crash_before_step": 7,
-        "checkpoint_every": 4,
-        "crash_marker": str(tmp_path / "crashed-once"),
-    }
+    return CrashBeforeStep(step=7, marker=str(tmp_path / "crashed-once"))
 
 
 def test_killed_run_resumes_exactly_from_last_committed_checkpoint(
@@ -80,22 +81,26 @@ def test_killed_run_resumes_exactly_from_last_committed_checkpoint(
 
     # Two starts: from scratch, then from step 4, the last committed checkpoint; not from the
     # partial step-6 directory, which is still there.
-    assert [m["resumed_from_step"] for m in messages if m["kind"] == "started"] == [0, 4]
+    assert resumed_from(messages) == [0, 4]
     assert store.exists(
         f"checkpoints/{crashed.job_id}/attempt-1/checkpoint_00000006/adapter_model.safetensors"
     )
-    restart = next(i for i, m in enumerate(messages) if m.get("resumed_from_step") == 4)
+    restart = next(
+        i for i, m in enumerate(messages) if isinstance(m, Started) and m.resumed_from_step == 4
+    )
     before, after = losses_by_step(messages[:restart]), losses_by_step(messages[restart:])
-    assert sorted(before) == [1, 2, 3, 4, 5, 6] and sorted(after) == [5, 6, 7, 8]
+    assert sorted(before) == [1, 2, 3, 4, 5, 6]
+    assert sorted(after) == [5, 6, 7, 8]
 
     # Same seed, same losses (reproducibility), and the resumed steps match the reference.
     for step, loss in before.items():
         assert loss == pytest.approx(expected[step], abs=1e-4), step
     for step, loss in after.items():
         assert loss == pytest.approx(expected[step], abs=1e-4), step
-    ref_evals = [e["eval_loss"] for e in ref_result.metrics["eval_history"]]
-    evals = [e["eval_loss"] for e in result.metrics["eval_history"]]
-    assert evals == pytest.approx(ref_evals, abs=1e-4) and len(evals) == 2
+    ref_evals = [e.eval_loss for e in ref_result.metrics.eval_history]
+    evals = [e.eval_loss for e in result.metrics.eval_history]
+    assert evals == pytest.approx(ref_evals, abs=1e-4)
+    assert len(evals) == 2
     assert committed_checkpoint_step(store, crashed.job_id, 1) == 8
 
 
@@ -121,7 +126,7 @@ def test_a_new_attempt_resumes_exactly_from_what_an_earlier_one_committed(
     result = run_job(second, settings, store, progress=queue)
     assert result is not None
     messages = drain(queue)
-    assert [m["resumed_from_step"] for m in messages if m["kind"] == "started"] == [4]
+    assert resumed_from(messages) == [4]
     after = losses_by_step(messages)
     assert sorted(after) == [5, 6, 7, 8]
     for step, loss in after.items():

@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
 
-from swarm_common.settings import Settings
-from swarm_common.store import LocalStore
+from swarm_runtime.settings import Settings
+from swarm_runtime.store import LocalStore
+from swarm_trainer import reports
 from swarm_trainer.checkpoint import ADAPTER_FILE
 from swarm_trainer.run import PreflightError, run_job
 from swarm_trainer.tiny_model import create_tiny_model
 
-from .conftest import make_assignment
+from .conftest import drain, make_assignment
 
 pytestmark = pytest.mark.slow
 
@@ -26,7 +25,8 @@ def test_tiny_model_loads_back(tiny_model_dir: Path, tmp_path: Path) -> None:
     assert not list(tiny_model_dir.glob("*.bin"))
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, use_safetensors=True)
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
-    assert model.config.model_type == "llama" and len(tok) == model.config.vocab_size
+    assert model.config.model_type == "llama"
+    assert len(tok) == model.config.vocab_size
     ids = tok("Question: hi", return_tensors="pt")["input_ids"]
     assert model(ids).logits.shape[-1] == len(tok)
     # Same seed, same weights: the demo model is reproducible.
@@ -61,16 +61,16 @@ def test_ray_train_run_checkpoints_and_learns(
     result = run_job(job, settings, store, progress=queue)
     assert result is not None
 
-    messages: list[dict[str, Any]] = []
-    while not queue.empty():
-        messages.append(queue.get())
-    kinds = [m["kind"] for m in messages]
-    assert kinds[0] == "started" and kinds[-1] == "finished"
-    progress = [m for m in messages if m["kind"] == "progress"]
-    assert [m["step"] for m in progress] == list(range(1, 11))
-    assert [m["step"] for m in messages if m["kind"] == "checkpoint"] == [5, 10]
-    assert [m["step"] for m in messages if m["kind"] == "validated"] == [5, 10]
-    assert all(m["tokens_per_s"] > 0 for m in progress)
+    messages = drain(queue)
+    assert isinstance(messages[0], reports.Started)
+    assert isinstance(messages[-1], reports.Finished)
+    progress = [m for m in messages if isinstance(m, reports.Progress)]
+    checkpoints = [m for m in messages if isinstance(m, reports.CheckpointReported)]
+    validated = [m for m in messages if isinstance(m, reports.Validated)]
+    assert [m.step for m in progress] == list(range(1, 11))
+    assert [m.step for m in checkpoints] == [5, 10]
+    assert [m.step for m in validated] == [5, 10]
+    assert all(m.tokens_per_s > 0 for m in progress)
 
     # Checkpoints are in the store, under Ray Train's run directory for the job's attempt.
     ckpts = store.list(f"checkpoints/{job.job_id}/attempt-1/checkpoint_")
@@ -92,13 +92,38 @@ def test_ray_train_run_checkpoints_and_learns(
     assert not torch.allclose(before, after)
 
     # It learned: training loss fell, and eval loss at the end beats the first eval.
-    losses = [m["loss"] for m in progress]
+    losses = [m.loss for m in progress]
     assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3 - 0.1, losses
-    evals = [m["eval_loss"] for m in messages if m["kind"] == "validated"]
+    evals = [m.eval_loss for m in validated]
     assert evals[-1] < evals[0]
     # The registered adapter is the best by eval loss; its step is recorded.
-    best = min((m for m in messages if m["kind"] == "validated"), key=lambda m: m["eval_loss"])
-    assert result.metrics["eval_loss"] == best["eval_loss"]
-    assert result.metrics["best_step"] == best["step"]
-    assert result.metrics["last_eval_loss"] == evals[-1]
-    assert json.dumps(result.metrics)  # plain JSON for the succeeded event
+    best = min(validated, key=lambda m: m.eval_loss)
+    assert result.metrics.eval_loss == best.eval_loss
+    assert result.metrics.best_step == best.step
+    assert result.metrics.last_eval_loss == evals[-1]
+    assert [e.eval_loss for e in result.metrics.eval_history] == evals
+    assert result.metrics.event_metrics()["eval_loss"] == best.eval_loss
+
+
+def test_a_second_job_on_the_same_model_takes_it_from_the_cache(
+    ray_cluster: None, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    from ray.util.queue import Queue
+
+    store = LocalStore(tmp_path / "store")
+    settings = Settings(store_url=store.url, work_dir=tmp_path / "work")
+    short = {"max_steps": 2, "eval_every": 2, "checkpoint_every": 2}
+    first = make_assignment(store, tiny_model_dir, job_id="job-first", training=short)
+    queue = Queue()
+    assert run_job(first, settings, store, progress=queue) is not None
+    started = next(m for m in drain(queue) if isinstance(m, reports.Started))
+    assert started.cached == ()
+
+    # Every model and dataset byte in the store now says something else: a job that read any
+    # of them would fail their digests. The second job must not need them.
+    for key in [*store.list(first.base_model.store_key + "/"), first.dataset.store_key]:
+        store.put_bytes(key, b"tampered")
+    second = first.model_copy(update={"job_id": "job-second"})
+    assert run_job(second, settings, store, progress=queue) is not None
+    started = next(m for m in drain(queue) if isinstance(m, reports.Started))
+    assert started.cached == ("base_model", "dataset")

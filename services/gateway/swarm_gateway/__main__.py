@@ -6,8 +6,8 @@ import logging
 
 import uvicorn
 
-from swarm_common.settings import Settings
 from swarm_gateway.app import create_app
+from swarm_runtime.settings import Settings
 
 
 def main() -> None:

@@ -2,35 +2,89 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import nats.errors
 from fastapi import FastAPI, Request, status
-from fastapi.responses import JSONResponse, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import Response
 from nats.js.errors import Error as JetStreamError
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from swarm_common.broker import make_broker
-from swarm_common.datasets import DatasetInfo
-from swarm_common.jobs import JobRecord
-from swarm_common.prometheus import otlp_bridge
-from swarm_common.records import RecordTable
-from swarm_common.settings import Settings
-from swarm_common.store import open_store
-from swarm_common.subjects import Subjects
-from swarm_common.topology import ensure_topology, kv_bucket
-from swarm_common.tracing import setup_tracing, tracer_of
-from swarm_common.workers import WorkerInfo
-from swarm_gateway import dashboard
+from swarm_contracts.datasets import DatasetInfo
+from swarm_contracts.jobs import JobRecord
+from swarm_contracts.subjects import Subjects
+from swarm_contracts.sweeps import SweepRecord, TrialRecord
+from swarm_contracts.workers import WorkerInfo, WorkerOps
+from swarm_gateway import dashboard, openapi_doc
 from swarm_gateway.auth import parse_api_keys
-from swarm_gateway.errors import ServiceUnavailable
+from swarm_gateway.errors import STATUS_OF_CODE
+from swarm_gateway.inference_workers import InferenceWorkers
+from swarm_gateway.methods import MethodsMiddleware
+from swarm_gateway.openai_errors import (
+    OpenAIError,
+    is_openai,
+    on_http_error,
+    on_openai_error,
+    on_validation_error,
+)
 from swarm_gateway.prometheus import GatewayMetrics, MetricsMiddleware
-from swarm_gateway.routes import adapters, datasets, jobs, models, workers
+from swarm_gateway.responses import FiniteJSONResponse
+from swarm_gateway.routes import adapters, datasets, jobs, models, openai, sweeps, workers
 from swarm_gateway.state import Gateway
+from swarm_runtime.broker import make_broker
+from swarm_runtime.prometheus import otlp_bridge
+from swarm_runtime.record_cache import RecordCache
+from swarm_runtime.records import RecordTable
+from swarm_runtime.rpc import Refused, Unavailable
+from swarm_runtime.settings import Settings
+from swarm_runtime.store import open_store
+from swarm_runtime.topology import ensure_topology, kv_bucket
+from swarm_runtime.tracing import setup_tracing, tracer_of
 
 log = logging.getLogger(__name__)
+
+AUTH_OFF_WARNING = (
+    "AUTH IS OFF: SWARM_API_KEYS and SWARM_ADMIN_KEYS are both empty, so every caller is tenant "
+    "'default' with ADMIN rights (sees every job and worker, curates base models). Fine for "
+    "`swarm up` on loopback; set API keys before this gateway is reachable by anyone else "
+    "(docs/security.md)."
+)
+
+
+# The one place where the services' answers become HTTP statuses.
+# (On the OpenAI-compatible routes in OpenAI's error shape: swarm_gateway.openai_errors.)
+async def on_refused(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, Refused)
+    if is_openai(request):
+        return OpenAIError(STATUS_OF_CODE[exc.code], exc.message).response()
+    return FiniteJSONResponse({"detail": exc.message}, status_code=STATUS_OF_CODE[exc.code])
+
+
+async def on_unavailable(request: Request, exc: Exception) -> Response:
+    if is_openai(request):
+        return OpenAIError(503, str(exc), code="service_unavailable").response()
+    return FiniteJSONResponse({"detail": str(exc)}, status_code=status.HTTP_503_SERVICE_UNAVAILABLE)
+
+
+async def on_nats_down(_: Request, exc: Exception) -> Response:
+    # Anything NATS raises that a route did not map itself is still an outage, not a bug.
+    return FiniteJSONResponse(
+        {"detail": f"NATS unavailable: {exc!r}"},
+        status_code=status.HTTP_503_SERVICE_UNAVAILABLE,
+    )
+
+
+def add_service_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(Refused, on_refused)
+    app.add_exception_handler(Unavailable, on_unavailable)
+    app.add_exception_handler(nats.errors.Error, on_nats_down)
+    app.add_exception_handler(JetStreamError, on_nats_down)
 
 
 def create_app(
@@ -38,6 +92,7 @@ def create_app(
     *,
     submit_wait_s: float = 5.0,
     request_timeout_s: float = 5.0,
+    event_stream_max_s: float | None = None,
 ) -> FastAPI:
     settings = settings or Settings()
     subjects = Subjects(settings.namespace)
@@ -49,28 +104,46 @@ def create_app(
         await broker.start()
         nc = broker.connection
         js = nc.jetstream()
-        await ensure_topology(js, subjects)
+        await ensure_topology(js, subjects, settings.js_replicas)
+        inference_workers = InferenceWorkers(subjects, settings.heartbeat_interval_s)
+        await inference_workers.start(nc)
+        jobs = RecordTable(await kv_bucket(js, subjects, "jobs"), JobRecord)
+        job_list = RecordCache(jobs)
+        await job_list.start()
         app.state.gateway = Gateway(
             settings=settings,
             subjects=subjects,
             broker=broker,
             nc=nc,
             js=js,
-            jobs=RecordTable(await kv_bucket(js, subjects, "jobs"), JobRecord),
+            jobs=jobs,
+            job_list=job_list,
             datasets=RecordTable(await kv_bucket(js, subjects, "datasets"), DatasetInfo),
             workers=RecordTable(await kv_bucket(js, subjects, "workers"), WorkerInfo),
+            worker_ops=RecordTable(await kv_bucket(js, subjects, "worker_ops"), WorkerOps),
+            sweeps=RecordTable(await kv_bucket(js, subjects, "sweeps"), SweepRecord),
+            trials=RecordTable(await kv_bucket(js, subjects, "trials"), TrialRecord),
             store=open_store(settings),
             submit_wait_s=submit_wait_s,
             request_timeout_s=request_timeout_s,
+            event_stream_max_s=event_stream_max_s,
             metrics=metrics,
             tracer=tracer_of(tracing, "gateway"),
+            inference_workers=inference_workers,
         )
         log.info("gateway connected to %s (namespace %r)", settings.nats_url, settings.namespace)
+        if not api_keys:
+            log.warning(AUTH_OFF_WARNING)
         otlp = otlp_bridge(settings, metrics.registry, "gateway")
         try:
             yield
         finally:
-            await broker.stop()
+            await job_list.stop()
+            await inference_workers.stop()
+            # Stopping while NATS is away (nats-py refuses to drain a reconnecting
+            # connection) must still stop the gateway.
+            with contextlib.suppress(nats.errors.Error):
+                await broker.stop()
             tracing.shutdown()
             if otlp is not None:
                 otlp.shutdown()
@@ -78,8 +151,13 @@ def create_app(
     app = FastAPI(
         title="Swarm gateway",
         version="1",
-        description="Submit and follow LoRA fine-tuning jobs; manage datasets, models, adapters.",
+        description=(
+            "Submit and follow LoRA fine-tuning jobs and hyperparameter sweeps; manage datasets, "
+            "models, adapters; OpenAI-compatible chat and text completions with base models and "
+            "adapters."
+        ),
         lifespan=lifespan,
+        default_response_class=FiniteJSONResponse,
     )
     app.state.api_keys = api_keys
     # Made here, not in the lifespan, so that a test can add its span exporter before start.
@@ -89,26 +167,13 @@ def create_app(
     app.state.metrics = metrics
     app.add_middleware(MetricsMiddleware, metrics=metrics)
 
-    @app.exception_handler(ServiceUnavailable)
-    async def _unavailable(_: Request, exc: ServiceUnavailable) -> JSONResponse:
-        return JSONResponse(
-            {"detail": exc.message}, status_code=status.HTTP_503_SERVICE_UNAVAILABLE
-        )
-
-    # Anything NATS raises that a route did not map itself is still an outage, not a bug.
-    @app.exception_handler(nats.errors.Error)
-    @app.exception_handler(JetStreamError)
-    async def _nats_down(_: Request, exc: Exception) -> JSONResponse:
-        return JSONResponse(
-            {"detail": f"NATS unavailable: {exc!r}"},
-            status_code=status.HTTP_503_SERVICE_UNAVAILABLE,
-        )
+    add_service_error_handlers(app)
 
     @app.get("/healthz", tags=["ops"])
-    async def healthz(request: Request) -> JSONResponse:
+    async def healthz(request: Request) -> FiniteJSONResponse:
         gw: Gateway | None = getattr(request.app.state, "gateway", None)
         connected = bool(gw and gw.nc.is_connected)
-        return JSONResponse(
+        return FiniteJSONResponse(
             {"status": "ok" if connected else "degraded", "nats": connected},
             status_code=status.HTTP_200_OK if connected else status.HTTP_503_SERVICE_UNAVAILABLE,
         )
@@ -117,7 +182,29 @@ def create_app(
     async def prometheus_metrics() -> Response:
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    for module in (jobs, datasets, models, adapters, workers):
-        app.include_router(module.router)
+    # OpenAI's error shape on the OpenAI-compatible routes, FastAPI's everywhere else.
+    app.add_exception_handler(OpenAIError, on_openai_error)
+    app.add_exception_handler(RequestValidationError, on_validation_error)
+    app.add_exception_handler(StarletteHTTPException, on_http_error)
+
+    for router, kind in (
+        (jobs.router, "jobs"),
+        (sweeps.router, "sweeps"),
+        (datasets.router, "datasets"),
+        (models.router, "models"),
+        (adapters.router, "adapters"),
+        (workers.router, "workers"),
+        (workers.inference_router, "workers"),
+        (openai.router, "inference"),
+    ):
+        app.include_router(router, responses=openapi_doc.responses(kind))
     app.include_router(dashboard.router)
+
+    def document() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = openapi_doc.add_links(FastAPI.openapi(app))
+        return app.openapi_schema
+
+    app.openapi = document  # type: ignore[method-assign]
+    app.add_middleware(MethodsMiddleware, document=document)
     return app

@@ -18,7 +18,7 @@ from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request, status
 
-from swarm_common.jobs import NAME_PATTERN
+from swarm_contracts.names import check_name
 
 DEFAULT_TENANT = "default"
 ADMIN_TENANT = "admin"
@@ -61,10 +61,8 @@ def _digest(key: str) -> bytes:
 
 
 def _check_tenant(tenant: str) -> str:
-    # Tenants end up in KV keys and store keys: they must be single safe tokens.
-    if not re.match(NAME_PATTERN, tenant):
-        raise ValueError(f"tenant {tenant!r} must match {NAME_PATTERN}")
-    return tenant
+    # Tenants end up in KV keys and store keys: the one naming rule.
+    return check_name(tenant, "tenant")
 
 
 def parse_api_keys(spec: str, admin_spec: str = "") -> KeyTable:

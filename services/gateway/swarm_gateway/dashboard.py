@@ -20,6 +20,7 @@ STATIC_DIR = Path(__file__).parent / "static"
 ASSETS: dict[str, str] = {
     "dashboard.js": "text/javascript; charset=utf-8",
     "chart.js": "text/javascript; charset=utf-8",
+    "sweeps.js": "text/javascript; charset=utf-8",
     "dashboard.css": "text/css; charset=utf-8",
 }
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from swarm_common.datasets import DatasetFormat
+from swarm_contracts.datasets import DatasetFormat
 
 MIN_EXAMPLES = 2
 CHAT_ROLES = ("system", "user", "assistant", "tool")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+import anyio
 from fastapi import HTTPException, Request, UploadFile, status
 
 _CHUNK = 1024 * 1024
@@ -31,11 +32,11 @@ async def save_upload(
     """Write ``upload`` to ``target``; return (bytes, sha256). ``used`` counts earlier files."""
     h = hashlib.sha256()
     size = 0
-    with open(target, "wb") as out:
+    async with await anyio.open_file(target, "wb") as out:
         while chunk := await upload.read(_CHUNK):
             size += len(chunk)
             if used + size > limit:
                 raise too_large(limit)
             h.update(chunk)
-            out.write(chunk)
+            await out.write(chunk)
     return size, h.hexdigest()

@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from swarm_common.settings import Settings
 from swarm_registry.app import build_app
+from swarm_runtime.settings import Settings
 
 
 def main() -> None:

@@ -10,15 +10,17 @@ registers.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Awaitable, Callable
 
 from nats.js.errors import KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
-from swarm_common.records import RecordTable
-from swarm_common.registry import AdapterPromoted, AdapterVersion, AliasTarget, PromotionRule
+from swarm_contracts.names import METRIC_PATTERN
+from swarm_contracts.registry import AdapterPromoted, AdapterVersion, AliasTarget, PromotionRule
 from swarm_registry.errors import RegistryError
-from swarm_registry.versions import CAS_RETRIES, Versions, check_name, read_int
+from swarm_registry.versions import CAS_RETRIES, Versions, check_name, read_int, scoped
+from swarm_runtime.records import RecordTable
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +79,11 @@ class AliasBook:
         key = alias_key(record.name, record.tenant, alias)
         for _ in range(CAS_RETRIES):
             current = await read_int(self.kv, key)
-            holder = await self.versions.get(record.name, current[0]) if current else None
+            holder = (
+                await self.versions.get(scoped(record.tenant, record.name), current[0])
+                if current
+                else None
+            )
             if not improves(holder):
                 return None
             try:
@@ -107,7 +113,9 @@ class AliasBook:
                 version=record.version,
                 previous_version=previous,
             )
-        raise RegistryError(f"alias {alias!r} of {record.name!r}: too many concurrent moves")
+        raise RegistryError(
+            f"alias {alias!r} of {record.name!r}: too many concurrent moves", "conflict"
+        )
 
     async def set(self, record: AdapterVersion, alias: str) -> AliasTarget:
         check_name(alias, "alias")
@@ -115,9 +123,11 @@ class AliasBook:
         assert moved is not None  # an unconditional move always writes
         # A delete of this version may have checked the aliases just before this move: if
         # the record is gone now, put the alias back rather than leave it dangling.
-        if await self.versions.get(record.name, record.version) is None:
+        if await self.versions.get(scoped(record.tenant, record.name), record.version) is None:
             await self._restore(moved)
-            raise RegistryError(f"unknown adapter {record.name!r} version {record.version}")
+            raise RegistryError(
+                f"unknown adapter {record.name!r} version {record.version}", "not_found"
+            )
         return moved
 
     async def _restore(self, moved: AliasTarget) -> None:
@@ -133,6 +143,8 @@ class AliasBook:
         if rule.tenant is None:
             raise RegistryError("a promotion rule needs a tenant")
         check_name(rule.tenant, "tenant")
+        if not re.match(METRIC_PATTERN, rule.metric):
+            raise RegistryError(f"invalid metric {rule.metric!r}: must match {METRIC_PATTERN}")
         await self.rules.put(rule_key(rule.name, rule.tenant, rule.alias), rule)
         return rule
 
@@ -150,8 +162,8 @@ class AliasBook:
         """Move every alias whose rule this new version satisfies."""
         moved = []
         for rule in await self.rules_for(record.name, record.tenant):
-            value = record.lineage.metrics.get(rule.metric)
-            if value is None:
+            found = record.lineage.metrics.get(rule.metric)
+            if found is None:
                 log.info(
                     "%s v%d has no %s: rule for %r skipped",
                     record.name,
@@ -160,6 +172,7 @@ class AliasBook:
                     rule.alias,
                 )
                 continue
+            value: float = found
 
             def improves(
                 holder: AdapterVersion | None, rule: PromotionRule = rule, value: float = value

@@ -4,20 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable
-from typing import TypeVar
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from faststream import FastStream
 from faststream.nats import NatsBroker
 from faststream.nats.opentelemetry import NatsTelemetryMiddleware
-from opentelemetry.trace import Status, StatusCode
+from opentelemetry.trace import Status, StatusCode, Tracer
 
-from swarm_common.broker import make_broker
-from swarm_common.envelope import envelope
-from swarm_common.jobs import JobRecord
-from swarm_common.prometheus import MetricsServer
-from swarm_common.records import RecordTable
-from swarm_common.registry import (
+from swarm_contracts.datasets import DatasetInfo
+from swarm_contracts.envelope import envelope
+from swarm_contracts.jobs import JobRecord
+from swarm_contracts.registry import (
     AdapterKey,
     AdapterPromoted,
     AdapterVersion,
@@ -27,6 +25,7 @@ from swarm_common.registry import (
     GetModel,
     LineageGraph,
     ListAdapters,
+    ListModels,
     ModelVersion,
     PromotionRule,
     RegisterAdapter,
@@ -36,18 +35,23 @@ from swarm_common.registry import (
     SetAlias,
     VerifyReport,
 )
-from swarm_common.settings import Settings
-from swarm_common.store import open_store
-from swarm_common.subjects import Subjects
-from swarm_common.topology import ensure_topology, kv_bucket
-from swarm_common.tracing import setup_tracing, tracer_of
+from swarm_contracts.store_access import StoreAccess, StoreGrant
+from swarm_contracts.subjects import Subjects
 from swarm_registry.adapters import AdapterCatalog
-from swarm_registry.errors import RegistryError
 from swarm_registry.integrity import verify
 from swarm_registry.lineage import lineage_graph
 from swarm_registry.metrics import RegistryMetrics
 from swarm_registry.models import ModelCatalog
 from swarm_registry.retention import Collector, delete_version
+from swarm_registry.store_access import StoreSigner
+from swarm_runtime.broker import make_broker
+from swarm_runtime.prometheus import MetricsServer
+from swarm_runtime.records import RecordTable
+from swarm_runtime.rpc import answer
+from swarm_runtime.settings import Settings
+from swarm_runtime.store import open_store
+from swarm_runtime.topology import ensure_topology, kv_bucket
+from swarm_runtime.tracing import setup_tracing, tracer_of
 
 log = logging.getLogger(__name__)
 
@@ -56,19 +60,6 @@ SERVICE = "registry"
 # every query behind it. Version allocation is compare-and-set, so concurrency is safe.
 REGISTER_WORKERS = 4
 
-T = TypeVar("T")
-
-
-async def answer(reply_type: type[Reply[T]], work: Awaitable[T]) -> Reply[T]:
-    """Any failure becomes an error reply: a requester must never be left waiting for a timeout."""
-    try:
-        return reply_type(ok=True, result=await work)
-    except RegistryError as exc:
-        return reply_type(ok=False, error=str(exc))
-    except Exception as exc:
-        log.exception("registry request failed")
-        return reply_type(ok=False, error=f"internal error: {type(exc).__name__}: {exc}")
-
 
 class Catalogs:
     """Filled in at startup, once the broker is connected and the buckets exist."""
@@ -76,6 +67,104 @@ class Catalogs:
     models: ModelCatalog
     adapters: AdapterCatalog
     collector: Collector
+    signer: StoreSigner
+
+
+class Handlers:
+    """The registry's request/reply operations, one per ``swarm.registry.<action>`` subject:
+    a typed request in, a ``Reply`` (result or error code) out."""
+
+    def __init__(self, catalogs: Catalogs, tracer: Tracer) -> None:
+        self.catalogs = catalogs
+        self.tracer = tracer
+
+    def routes(self) -> list[tuple[str, Callable[..., Awaitable[Any]], int]]:
+        """(action, handler, concurrent messages) for every subject the registry answers."""
+        return [
+            ("models.register", self.register_model, REGISTER_WORKERS),
+            ("models.get", self.get_model, 1),
+            ("models.list", self.list_models, 1),
+            ("adapters.register", self.register_adapter, REGISTER_WORKERS),
+            ("adapters.get", self.get_adapter, 1),
+            ("adapters.list", self.list_adapters, 1),
+            ("adapters.delete", self.delete_adapter, 1),
+            ("adapters.verify", self.verify_adapter, REGISTER_WORKERS),
+            ("adapters.lineage", self.adapter_lineage, 1),
+            ("adapters.alias.set", self.set_alias, 1),
+            ("adapters.rule.set", self.set_rule, 1),
+            ("gc.run", self.run_gc, 1),
+            # Every store operation of a worker without keys: several at once (a checkpoint
+            # upload asks for each file), each a record read and a local signature.
+            ("store.access", self.store_access, REGISTER_WORKERS),
+        ]
+
+    async def register_model(self, request: RegisterModel) -> Reply[ModelVersion]:
+        return await answer(Reply[ModelVersion], self.catalogs.models.register(request))
+
+    async def get_model(self, request: GetModel) -> Reply[ModelVersion]:
+        return await answer(Reply[ModelVersion], self.catalogs.models.get(request))
+
+    async def list_models(self, request: ListModels) -> Reply[list[ModelVersion]]:
+        return await answer(Reply[list[ModelVersion]], self.catalogs.models.list())
+
+    async def register_adapter(self, request: RegisterAdapter) -> Reply[AdapterVersion]:
+        lineage = request.lineage
+        with self.tracer.start_as_current_span(
+            "registry.register_adapter",
+            attributes={
+                "swarm.job_id": lineage.job_id,
+                "swarm.attempt": lineage.attempt,
+                "swarm.adapter": request.name,
+            },
+        ) as span:
+            reply = await answer(Reply[AdapterVersion], self.catalogs.adapters.register(request))
+            if reply.result is not None:
+                span.set_attribute("swarm.adapter_version", reply.result.version)
+            else:
+                span.set_status(Status(StatusCode.ERROR, (reply.error or "")[:200]))
+            return reply
+
+    async def get_adapter(self, request: GetAdapter) -> Reply[AdapterVersion]:
+        return await answer(Reply[AdapterVersion], self.catalogs.adapters.get(request))
+
+    async def list_adapters(self, request: ListAdapters) -> Reply[list[AdapterVersion]]:
+        return await answer(Reply[list[AdapterVersion]], self.catalogs.adapters.list(request))
+
+    async def delete_adapter(self, request: AdapterKey) -> Reply[AdapterVersion]:
+        work = delete_version(self.catalogs.adapters, request)
+        return await answer(Reply[AdapterVersion], work)
+
+    async def verify_adapter(self, request: AdapterKey) -> Reply[VerifyReport]:
+        return await answer(Reply[VerifyReport], self._verify(request))
+
+    async def _verify(self, request: AdapterKey) -> VerifyReport:
+        record = await self.catalogs.adapters.get(
+            GetAdapter(name=request.name, version=request.version, tenant=request.tenant)
+        )
+        return await asyncio.to_thread(verify, self.catalogs.adapters.store, record)
+
+    async def adapter_lineage(self, request: AdapterKey) -> Reply[LineageGraph]:
+        adapters = self.catalogs.adapters
+        work = lineage_graph(adapters, request.name, request.version, request.tenant)
+        return await answer(Reply[LineageGraph], work)
+
+    async def set_alias(self, request: SetAlias) -> Reply[AliasTarget]:
+        return await answer(Reply[AliasTarget], self._set_alias(request))
+
+    async def _set_alias(self, request: SetAlias) -> AliasTarget:
+        record = await self.catalogs.adapters.get(
+            GetAdapter(name=request.name, version=request.version, tenant=request.tenant)
+        )
+        return await self.catalogs.adapters.aliases.set(record, request.alias)
+
+    async def set_rule(self, request: PromotionRule) -> Reply[PromotionRule]:
+        return await answer(Reply[PromotionRule], self.catalogs.adapters.aliases.set_rule(request))
+
+    async def run_gc(self, request: RunGc) -> Reply[GcReport]:
+        return await answer(Reply[GcReport], self.catalogs.collector.run(request))
+
+    async def store_access(self, request: StoreAccess) -> Reply[StoreGrant]:
+        return await answer(Reply[StoreGrant], self.catalogs.signer.access(request))
 
 
 def build_app(settings: Settings) -> FastStream:
@@ -117,7 +206,7 @@ def build_app(settings: Settings) -> FastStream:
         metrics_server.start()
         await broker.connect()
         js = broker.connection.jetstream()
-        await ensure_topology(js, subjects)
+        await ensure_topology(js, subjects, settings.js_replicas)
         store = await asyncio.to_thread(open_store, settings)
         jobs = RecordTable(await kv_bucket(js, subjects, "jobs"), JobRecord)
         catalogs.models = ModelCatalog(await kv_bucket(js, subjects, "models"), store)
@@ -125,84 +214,11 @@ def build_app(settings: Settings) -> FastStream:
             await kv_bucket(js, subjects, "adapters"), store, announce, jobs, promoted
         )
         catalogs.collector = Collector(store, catalogs.adapters, catalogs.models.versions, jobs)
+        datasets = RecordTable(await kv_bucket(js, subjects, "datasets"), DatasetInfo)
+        catalogs.signer = StoreSigner(store, jobs, datasets)
 
-    def subject(action: str) -> str:
-        return subjects.registry(action)
-
-    @broker.subscriber(subject("models.register"), queue=SERVICE, max_workers=REGISTER_WORKERS)
-    async def register_model(request: RegisterModel) -> Reply[ModelVersion]:
-        return await answer(Reply[ModelVersion], catalogs.models.register(request))
-
-    @broker.subscriber(subject("models.get"), queue=SERVICE)
-    async def get_model(request: GetModel) -> Reply[ModelVersion]:
-        return await answer(Reply[ModelVersion], catalogs.models.get(request))
-
-    @broker.subscriber(subject("models.list"), queue=SERVICE)
-    async def list_models() -> Reply[list[ModelVersion]]:
-        return await answer(Reply[list[ModelVersion]], catalogs.models.list())
-
-    @broker.subscriber(subject("adapters.register"), queue=SERVICE, max_workers=REGISTER_WORKERS)
-    async def register_adapter(request: RegisterAdapter) -> Reply[AdapterVersion]:
-        lineage = request.lineage
-        with tracer.start_as_current_span(
-            "registry.register_adapter",
-            attributes={
-                "swarm.job_id": lineage.job_id,
-                "swarm.attempt": lineage.attempt,
-                "swarm.adapter": request.name,
-            },
-        ) as span:
-            reply = await answer(Reply[AdapterVersion], catalogs.adapters.register(request))
-            if reply.result is not None:
-                span.set_attribute("swarm.adapter_version", reply.result.version)
-            else:
-                span.set_status(Status(StatusCode.ERROR, (reply.error or "")[:200]))
-            return reply
-
-    @broker.subscriber(subject("adapters.get"), queue=SERVICE)
-    async def get_adapter(request: GetAdapter) -> Reply[AdapterVersion]:
-        return await answer(Reply[AdapterVersion], catalogs.adapters.get(request))
-
-    @broker.subscriber(subject("adapters.list"), queue=SERVICE)
-    async def list_adapters(request: ListAdapters) -> Reply[list[AdapterVersion]]:
-        return await answer(Reply[list[AdapterVersion]], catalogs.adapters.list(request))
-
-    @broker.subscriber(subject("adapters.delete"), queue=SERVICE)
-    async def delete_adapter(request: AdapterKey) -> Reply[AdapterVersion]:
-        return await answer(Reply[AdapterVersion], delete_version(catalogs.adapters, request))
-
-    @broker.subscriber(subject("adapters.verify"), queue=SERVICE, max_workers=REGISTER_WORKERS)
-    async def verify_adapter(request: AdapterKey) -> Reply[VerifyReport]:
-        async def work() -> VerifyReport:
-            record = await catalogs.adapters.get(
-                GetAdapter(name=request.name, version=request.version, tenant=request.tenant)
-            )
-            return await asyncio.to_thread(verify, catalogs.adapters.store, record)
-
-        return await answer(Reply[VerifyReport], work())
-
-    @broker.subscriber(subject("adapters.lineage"), queue=SERVICE)
-    async def adapter_lineage(request: AdapterKey) -> Reply[LineageGraph]:
-        work = lineage_graph(catalogs.adapters, request.name, request.version, request.tenant)
-        return await answer(Reply[LineageGraph], work)
-
-    @broker.subscriber(subject("adapters.alias.set"), queue=SERVICE)
-    async def set_alias(request: SetAlias) -> Reply[AliasTarget]:
-        async def work() -> AliasTarget:
-            record = await catalogs.adapters.get(
-                GetAdapter(name=request.name, version=request.version, tenant=request.tenant)
-            )
-            return await catalogs.adapters.aliases.set(record, request.alias)
-
-        return await answer(Reply[AliasTarget], work())
-
-    @broker.subscriber(subject("adapters.rule.set"), queue=SERVICE)
-    async def set_rule(request: PromotionRule) -> Reply[PromotionRule]:
-        return await answer(Reply[PromotionRule], catalogs.adapters.aliases.set_rule(request))
-
-    @broker.subscriber(subject("gc.run"), queue=SERVICE)
-    async def run_gc(request: RunGc) -> Reply[GcReport]:
-        return await answer(Reply[GcReport], catalogs.collector.run(request))
+    for action, handler, workers in Handlers(catalogs, tracer).routes():
+        broker.subscriber(subjects.registry(action), queue=SERVICE, max_workers=workers)(handler)
 
     async def stop() -> None:
         metrics_server.stop()

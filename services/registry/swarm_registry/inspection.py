@@ -11,20 +11,15 @@ import math
 import struct
 import tempfile
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import Any
 
-from swarm_common.store import (
-    InvalidKey,
-    LocalStore,
-    ObjectStore,
-    S3Store,
-    join_key,
-    sha256_file,
-    tree_digest,
-    validate_key,
-)
+from swarm_contracts.layout import InvalidKey, join_key, validate_key
+from swarm_contracts.memory import ModelShape
 from swarm_registry.errors import RegistryError
+from swarm_runtime.store import LocalStore, ObjectStore, S3Store, sha256_file, tree_digest
 
 PICKLE_SUFFIXES = frozenset({".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt"})
 # Any one of these is enough for AutoTokenizer.from_pretrained to find a vocabulary.
@@ -33,6 +28,8 @@ TOKENIZER_FILES = frozenset(
 )
 # A safetensors header is a few KB per thousand tensors; anything near this is not one.
 MAX_HEADER_BYTES = 100 * 1024 * 1024
+# safetensors dtype names of the float types a model's weights are loaded in.
+FLOAT_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}
 
 
 @dataclass(frozen=True)
@@ -43,6 +40,8 @@ class ModelFiles:
     architecture: str
     parameter_count: int
     tokenizer: bool
+    modules: tuple[str, ...] = ()
+    shape: ModelShape | None = None
 
 
 def normalize_prefix(store_key: str) -> str:
@@ -84,8 +83,8 @@ def read_prefix(store: ObjectStore, key: str, length: int) -> bytes:
     return store.get_bytes(key)[:length]
 
 
-def safetensors_parameter_count(store: ObjectStore, key: str) -> int:
-    """Sum of the element counts of every tensor, from the header alone.
+def safetensors_header(store: ObjectStore, key: str) -> dict[str, Any]:
+    """The JSON header of a safetensors file, read without its tensors.
 
     Layout: 8-byte little-endian header length, then that many bytes of JSON mapping tensor
     names to ``{"dtype", "shape", "data_offsets"}`` (plus an optional ``__metadata__``).
@@ -101,22 +100,58 @@ def safetensors_parameter_count(store: ObjectStore, key: str) -> int:
         raise RegistryError(f"{key}: truncated safetensors header")
     try:
         header = json.loads(raw)
-        return sum(
-            math.prod(int(d) for d in info["shape"])
-            for name, info in header.items()
-            if name != "__metadata__"
-        )
+    except ValueError as exc:
+        raise RegistryError(f"{key}: invalid safetensors header: {exc}") from exc
+    if not isinstance(header, dict):
+        raise RegistryError(f"{key}: invalid safetensors header: not a JSON object")
+    return header
+
+
+def tensor_elements(key: str, header: dict[str, Any]) -> Counter[str]:
+    """Element counts by safetensors dtype of every tensor in a header."""
+    counts: Counter[str] = Counter()
+    try:
+        for name, info in header.items():
+            if name != "__metadata__":
+                counts[str(info["dtype"])] += math.prod(int(d) for d in info["shape"])
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise RegistryError(f"{key}: invalid safetensors header: {exc}") from exc
+    return counts
+
+
+def weight_modules(key: str, header: dict[str, Any]) -> set[str]:
+    """The last name of every module with a 2-D ``weight`` (linear layers, embeddings): what a
+    LoRA ``target_modules`` entry can name (``model.layers.0.self_attn.q_proj.weight`` ->
+    ``q_proj``)."""
+    try:
+        return {
+            name.removesuffix(".weight").rsplit(".", 1)[-1]
+            for name, info in header.items()
+            if name.endswith(".weight") and len(info["shape"]) == 2
+        }
+    except (TypeError, KeyError, AttributeError) as exc:
         raise RegistryError(f"{key}: invalid safetensors header: {exc}") from exc
 
 
-def architecture_of(config_bytes: bytes) -> str:
+def weights_dtype(elements: Counter[str]) -> str | None:
+    """The float dtype most of the weights are stored in (what ``dtype="auto"`` falls back to
+    when config.json names none)."""
+    floats = [(n, FLOAT_DTYPES[d]) for d, n in elements.items() if d in FLOAT_DTYPES]
+    return max(floats)[1] if floats else None
+
+
+def load_config(config_bytes: bytes) -> dict[str, Any]:
     try:
         config = json.loads(config_bytes)
     except ValueError as exc:
         raise RegistryError(f"config.json is not valid JSON: {exc}") from exc
     if not isinstance(config, dict):
         raise RegistryError("config.json must hold a JSON object")
+    return config
+
+
+def architecture_of(config_bytes: bytes) -> str:
+    config = load_config(config_bytes)
     architectures = config.get("architectures")
     if isinstance(architectures, list) and architectures and isinstance(architectures[0], str):
         return architectures[0]
@@ -135,15 +170,27 @@ def inspect_model(store: ObjectStore, store_key: str) -> ModelFiles:
     if not weights:
         raise RegistryError(f"no .safetensors weights under {prefix!r}")
     files = {name: store.sha256(join_key(prefix, name)) for name in names}
+    config_bytes = store.get_bytes(join_key(prefix, "config.json"))
+    elements: Counter[str] = Counter()
+    modules: set[str] = set()
+    for name in weights:
+        key = join_key(prefix, name)
+        header = safetensors_header(store, key)
+        elements.update(tensor_elements(key, header))
+        modules |= weight_modules(key, header)
+    parameter_count = sum(elements.values())
     return ModelFiles(
         store_key=prefix,
         files=files,
         digest=tree_digest(files),
-        architecture=architecture_of(store.get_bytes(join_key(prefix, "config.json"))),
-        parameter_count=sum(
-            safetensors_parameter_count(store, join_key(prefix, n)) for n in weights
-        ),
+        architecture=architecture_of(config_bytes),
+        parameter_count=parameter_count,
         tokenizer=any(PurePosixPath(n).name in TOKENIZER_FILES for n in names),
+        modules=tuple(sorted(modules)),
+        # The numbers the memory estimate needs; None for a config that is no decoder's.
+        shape=ModelShape.from_config(
+            load_config(config_bytes), parameter_count, weights_dtype(elements)
+        ),
     )
 
 

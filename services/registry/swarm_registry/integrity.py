@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from swarm_common.registry import AdapterVersion, VerifyReport
-from swarm_common.store import NotFound, ObjectStore, join_key
+from swarm_contracts.layout import join_key
+from swarm_contracts.registry import AdapterVersion, VerifyReport
+from swarm_runtime.store import NotFound, ObjectStore
 
 
 def verify(store: ObjectStore, record: AdapterVersion) -> VerifyReport:

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from swarm_common.registry import (
+from swarm_contracts.registry import (
     AdapterVersion,
     GetAdapter,
     LineageEdge,
     LineageGraph,
     LineageNode,
-    parse_adapter_ref,
 )
-from swarm_registry.adapters import AdapterCatalog
+from swarm_registry.adapters import AdapterCatalog, parse_ref
 from swarm_registry.errors import RegistryError
 
 # Continue-training chains are short; the bound only guards against a cycle in bad data.
@@ -64,8 +63,8 @@ async def lineage_graph(
     while (parent := nodes[-1].parent) is not None and len(nodes) < MAX_DEPTH:
         if parent in seen:
             break
-        parent_name, parent_version, _ = parse_adapter_ref(parent)
         try:
+            parent_name, parent_version, _ = parse_ref(parent)
             found = await catalog.get(
                 GetAdapter(name=parent_name, version=parent_version, tenant=tenant)
             )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter
 
-from swarm_common.prometheus import nats_metrics_middleware
+from swarm_runtime.prometheus import nats_metrics_middleware
 
 
 class RegistryMetrics:

@@ -25,9 +25,17 @@ import logging
 
 from nats.js.errors import KeyNotFoundError
 
-from swarm_common.jobs import JobRecord
-from swarm_common.records import RecordTable
-from swarm_common.registry import (
+from swarm_contracts.jobs import JobRecord
+from swarm_contracts.layout import (
+    ADAPTERS,
+    CHECKPOINTS,
+    MODELS,
+    OUTPUTS,
+    job_checkpoints,
+    job_of,
+    parse_adapter_key,
+)
+from swarm_contracts.registry import (
     AdapterKey,
     AdapterVersion,
     GcReport,
@@ -35,11 +43,12 @@ from swarm_common.registry import (
     ModelVersion,
     RunGc,
 )
-from swarm_common.store import ObjectStore
 from swarm_registry.adapters import DELETED, AdapterCatalog, job_index_key
 from swarm_registry.errors import RegistryError
 from swarm_registry.inspection import object_age_s
-from swarm_registry.versions import Versions, parse_version_key
+from swarm_registry.versions import Versions, parse_version_key, scoped
+from swarm_runtime.records import RecordTable
+from swarm_runtime.store import ObjectStore
 
 log = logging.getLogger(__name__)
 
@@ -57,10 +66,11 @@ async def delete_version(catalog: AdapterCatalog, request: AdapterKey) -> Adapte
     if holding:
         raise RegistryError(
             f"adapter {record.name!r} version {record.version} is held by alias "
-            f"{', '.join(repr(a) for a in holding)}: move the alias first"
+            f"{', '.join(repr(a) for a in holding)}: move the alias first",
+            "conflict",
         )
     # Record first: from here on nobody is handed the files that are about to go.
-    await catalog.versions.delete(record.name, record.version)
+    await catalog.versions.delete(scoped(record.tenant, record.name), record.version)
     await catalog.kv.put(
         job_index_key(record.lineage.job_id),
         f"{DELETED}{record.name}.{record.version}".encode(),
@@ -68,10 +78,6 @@ async def delete_version(catalog: AdapterCatalog, request: AdapterKey) -> Adapte
     await asyncio.to_thread(catalog.store.delete_prefix, record.store_key + "/")
     log.info("deleted adapter %s v%d", record.name, record.version)
     return record
-
-
-def _segments(key: str, n: int) -> tuple[str, ...]:
-    return tuple(key.split("/")[:n])
 
 
 class Collector:
@@ -100,19 +106,23 @@ class Collector:
             return object_age_s(self.store, key) >= request.min_age_s
 
         report = GcReport()
-        for key in listed["adapters"]:
-            parts = _segments(key, 4)
-            if len(parts) < 4 or "/".join(parts) in kept_adapters:
+        for key in listed[ADAPTERS]:
+            location = parse_adapter_key(key)
+            if location is None or location.prefix in kept_adapters:
                 continue
-            version = int(parts[3]) if parts[3].isdigit() else None
-            if (parts[2], version) in claimed or not await asyncio.to_thread(old, key):
+            # adapters/<tenant>/<name>/<version>: claims are by (<tenant>.<name>, version).
+            tenant = location.prefix.split("/")[1]
+            claim = (scoped(tenant, location.name), location.version)
+            if claim in claimed or not await asyncio.to_thread(old, key):
                 continue
             report.adapters.append(key)
-        for kind in ("outputs", "checkpoints"):
-            for key in listed[kind]:
-                if _segments(key, 2)[-1] in finished:
-                    getattr(report, kind).append(key)
-        for key in listed["models"]:
+        for key in listed[OUTPUTS]:
+            if job_of(key) in finished:
+                report.outputs.append(key)
+        for key in listed[CHECKPOINTS]:
+            if job_of(key) in finished:
+                report.checkpoints.append(key)
+        for key in listed[MODELS]:
             if not any(key.startswith(p) for p in model_prefixes) and await asyncio.to_thread(
                 old, key
             ):
@@ -122,7 +132,7 @@ class Collector:
         return report
 
     def _list(self) -> dict[str, list[str]]:
-        kinds = ("adapters", "outputs", "checkpoints", "models")
+        kinds = (ADAPTERS, OUTPUTS, CHECKPOINTS, MODELS)
         return {kind: self.store.list(f"{kind}/") for kind in kinds}
 
     async def _claimed(self) -> set[tuple[str, int | None]]:
@@ -147,8 +157,8 @@ class Collector:
                 self.store.delete(key)
         if report.checkpoints:
             # Ray's S3 storage leaves empty "dir/" marker objects that list() does not show.
-            for job in sorted({_segments(k, 2)[1] for k in report.checkpoints}):
-                self.store.delete_prefix(f"checkpoints/{job}/")
+            for job in sorted({job for k in report.checkpoints if (job := job_of(k))}):
+                self.store.delete_prefix(job_checkpoints(job) + "/")
         log.info(
             "gc removed %d adapter, %d output, %d checkpoint and %d model objects",
             len(report.adapters),

@@ -1,4 +1,5 @@
-"""Version numbers in a KV bucket: keys ``<name>.<version>`` and a ``<name>.latest`` counter.
+"""Version numbers in a KV bucket: keys ``<name>.<version>`` and a ``<name>.latest`` counter
+(``name`` is ``<tenant>.<adapter>`` for adapters, numbered per tenant).
 
 The counter is a plain decimal number changed only by compare-and-set, so two registries (or
 two concurrent requests in one) can never hand out the same version.
@@ -13,22 +14,37 @@ from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 from pydantic import BaseModel
 
-from swarm_common.jobs import NAME_PATTERN
-from swarm_common.records import Conflict, RecordTable
+from swarm_contracts import names
 from swarm_registry.errors import RegistryError
+from swarm_runtime.records import Conflict, RecordTable
 
 M = TypeVar("M", bound=BaseModel)
 
-_NAME = re.compile(NAME_PATTERN)
-_VERSION_KEY = re.compile(r"^(?P<name>[a-z0-9][a-z0-9_-]*)\.(?P<version>[0-9]+)$")
+# ``name`` may be scoped by one token (``<tenant>.<name>``: adapters are numbered per tenant).
+_VERSION_KEY = re.compile(
+    r"^(?P<name>(?:[a-z0-9][a-z0-9_-]*\.)?[a-z0-9][a-z0-9_-]*)\.(?P<version>[0-9]+)$"
+)
 CAS_RETRIES = 100
 
 
 def check_name(name: str, what: str = "name") -> str:
-    # Names become KV key tokens and store-key segments: one token, no dots or wildcards.
-    if not _NAME.match(name):
-        raise RegistryError(f"invalid {what} {name!r}: must match {NAME_PATTERN}")
-    return name
+    # Names become KV key tokens and store-key segments: the contracts' one naming rule.
+    try:
+        return names.check_name(name, what)
+    except ValueError as exc:
+        raise RegistryError(f"invalid {exc}") from exc
+
+
+def scoped(tenant: str, name: str) -> str:
+    """The versioned name of a tenant's adapter: numbers are per tenant, so that bob's first
+    ``alice-bot`` is v1 whether or not alice has one (a shared counter would tell bob)."""
+    return f"{tenant}.{name}"
+
+
+def unscoped(scoped_name: str) -> tuple[str, str]:
+    """(tenant, name) of a versioned name."""
+    tenant, _, name = scoped_name.partition(".")
+    return tenant, name
 
 
 def version_key(name: str, version: int) -> str:
@@ -51,7 +67,7 @@ async def read_int(kv: KeyValue, key: str) -> tuple[int, int] | None:
         entry = await kv.get(key)
     except KeyNotFoundError:
         return None
-    if entry.value is None or entry.operation in ("DEL", "PURGE"):
+    if entry.value is None or entry.revision is None or entry.operation in ("DEL", "PURGE"):
         return None
     return int(entry.value.decode()), entry.revision
 
@@ -69,7 +85,7 @@ async def increment(kv: KeyValue, key: str) -> int:
             return value
         except KeyWrongLastSequenceError:
             continue
-    raise RegistryError(f"{key}: too many concurrent registrations, try again")
+    raise RegistryError(f"{key}: too many concurrent registrations, try again", "conflict")
 
 
 async def raise_to(kv: KeyValue, key: str, value: int) -> None:

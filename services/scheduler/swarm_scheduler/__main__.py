@@ -3,7 +3,7 @@ import logging
 
 import uvloop
 
-from swarm_common.settings import Settings
+from swarm_runtime.settings import Settings
 from swarm_scheduler.app import build_app
 
 

@@ -6,20 +6,20 @@ import logging
 from typing import Annotated, Any
 
 from faststream import FastStream
-from nats.aio.msg import Msg
+from faststream.nats import NatsBroker
 from nats.js.api import AckPolicy, ConsumerConfig
 from pydantic import Field
 
-from swarm_common.broker import make_broker
-from swarm_common.envelope import CloudEvent
-from swarm_common.events import AnyJobEvent, CancelRequest
-from swarm_common.intake import Handler, Intake, IntakeMetrics, RetryLater
-from swarm_common.jobs import JobSubmission
-from swarm_common.prometheus import MetricsServer
-from swarm_common.settings import Settings
-from swarm_common.subjects import Subjects
-from swarm_common.tracing import context_from_headers, setup_tracing, tracer_of
-from swarm_common.workers import Heartbeat
+from swarm_contracts.envelope import CloudEvent
+from swarm_contracts.events import AnyJobEvent, CancelRequest
+from swarm_contracts.jobs import JobSubmission
+from swarm_contracts.providers import ATTEMPT_TOKEN_HEADER
+from swarm_contracts.workers import Heartbeat
+from swarm_runtime.broker import make_broker
+from swarm_runtime.intake import Handler, Intake, IntakeMetrics, RawMsg, RetryLater
+from swarm_runtime.prometheus import MetricsServer
+from swarm_runtime.settings import Settings
+from swarm_runtime.tracing import context_from_headers, setup_tracing, tracer_of
 from swarm_scheduler.metrics import SchedulerMetrics
 from swarm_scheduler.scheduler import Scheduler
 
@@ -46,75 +46,99 @@ def _work_queue(stream: str, name: str) -> dict[str, Any]:
     return {"stream": stream, "durable": durable, "config": config}
 
 
-def build_app(settings: Settings) -> FastStream:
-    subjects = Subjects(settings.namespace)
-    broker = make_broker(settings, "scheduler")
-    scheduler = Scheduler(settings, broker)
-    # Observability: the job's trace (docs/observability.md) and Prometheus /metrics.
-    tracing = setup_tracing(settings, "scheduler")
-    scheduler.tracer = tracer_of(tracing, "scheduler")
-    scheduler.metrics = metrics = SchedulerMetrics()
-    metrics.watch(scheduler)
-    broker.add_middleware(metrics.messages)
-    metrics_server = MetricsServer(settings, metrics.registry, "scheduler")
-    counted = IntakeMetrics(metrics.registry, "scheduler")
+class Handlers:
+    """The scheduler's message handlers, typed by their contract (FastStream handlers that the
+    intakes call)."""
 
-    def intake(subject: str, handler: Handler, **options: Any) -> Intake:
-        return Intake("scheduler", subjects, subject, handler, metrics=counted, **options)
+    def __init__(self, scheduler: Scheduler) -> None:
+        self.scheduler = scheduler
 
-    async def follower_gives_back() -> None:
+    def _follower_gives_back(self) -> None:
         # A follower that still got a message (in the moment before its consumers stopped)
         # gives it back for the leader.
-        if not scheduler.leading:
+        if not self.scheduler.leading:
             raise RetryLater(FOLLOWER_NACK_DELAY_S)
 
-    async def on_submit(event: CloudEvent[JobSubmission], msg: Msg) -> None:
-        await follower_gives_back()
+    async def on_submit(self, event: CloudEvent[JobSubmission], msg: RawMsg) -> None:
+        self._follower_gives_back()
         key = (msg.headers or {}).get("Nats-Msg-Id") or event.id
         # A child of the submitter's span when it sent a traceparent header, else a new trace.
-        with scheduler.tracer.start_as_current_span(
+        with self.scheduler.tracer.start_as_current_span(
             "scheduler.submit",
             context=context_from_headers(msg.headers),
             attributes={"swarm.job_id": event.data.job_id or "", "swarm.tenant": event.data.tenant},
         ):
-            if await scheduler.submit(event.data, key) is None:
+            if await self.scheduler.submit(event.data, key) is None:
                 raise RetryLater(2.0)  # the registry is down: try again shortly
 
-    async def on_job_event(event: JobEventEnvelope) -> None:
-        await follower_gives_back()
-        await scheduler.on_job_event(event.data)
+    async def on_job_event(self, event: JobEventEnvelope, msg: RawMsg) -> None:
+        self._follower_gives_back()
+        token = (msg.headers or {}).get(ATTEMPT_TOKEN_HEADER)
+        await self.scheduler.on_job_event(event.data, token)
 
-    async def on_cancel(event: CloudEvent[CancelRequest], msg: Msg) -> None:
-        await follower_gives_back()
+    async def on_cancel(self, event: CloudEvent[CancelRequest], msg: RawMsg) -> None:
+        self._follower_gives_back()
         job_id = msg.subject.split(".")[-2]
-        await scheduler.cancel(job_id if job_id != "*" else event.data.job_id, event.data.reason)
+        await self.scheduler.cancel(
+            job_id if job_id != "*" else event.data.job_id, event.data.reason
+        )
 
-    async def on_heartbeat(event: CloudEvent[Heartbeat]) -> None:
-        await scheduler.on_heartbeat(event.data)
+    async def on_heartbeat(self, event: CloudEvent[Heartbeat], msg: RawMsg) -> None:
+        await self.scheduler.on_heartbeat(event.data, msg.subject)
 
-    # Submissions, job events and heartbeats are the scheduler's busiest subjects: intakes on
-    # plain nats-py rather than FastStream subscribers (swarm_common.intake says why).
-    # Only the leader consumes the work streams: the durable pull consumers are shared work
-    # queues, so a follower that pulled would take messages away from the leader.
-    leader_only = [
-        intake(subjects.submit, on_submit, **_work_queue(subjects.submit_stream, "submit")),
-        intake(
-            subjects.job_event(),
-            on_job_event,
-            # The scheduler's own events (queued, assigned, requeued) are already in its
-            # records: acked unread.
-            skip=lambda subject: subject.rpartition(".")[2] in OWN_EVENTS,
-            **_work_queue(subjects.events_stream, "events"),
-        ),
-        intake(subjects.cancel(), on_cancel, **_work_queue(subjects.control_stream, "cancel")),
-    ]
-    heartbeats = intake(subjects.heartbeat(), on_heartbeat)
 
-    async def consume(leading: bool) -> None:
-        for sub in leader_only:
+class Consumers:
+    """The scheduler's intakes: heartbeats in every process, the work streams in the leader.
+
+    Submissions, job events and heartbeats are the scheduler's busiest subjects: intakes on
+    plain nats-py rather than FastStream subscribers (``swarm_runtime.intake`` says why). Only
+    the leader consumes the work streams: the durable pull consumers are shared work queues,
+    so a follower that pulled would take messages away from the leader.
+    """
+
+    def __init__(self, broker: NatsBroker, scheduler: Scheduler, metrics: IntakeMetrics) -> None:
+        subjects, handlers = scheduler.subjects, Handlers(scheduler)
+        self.broker = broker
+
+        def intake(subject: str, handler: Handler, **options: Any) -> Intake:
+            return Intake("scheduler", subjects, subject, handler, metrics=metrics, **options)
+
+        self.leader_only = [
+            intake(
+                subjects.submit, handlers.on_submit, **_work_queue(subjects.submit_stream, "submit")
+            ),
+            intake(
+                subjects.job_event(),
+                handlers.on_job_event,
+                # The scheduler's own events (queued, assigned, requeued) are already in its
+                # records: acked unread.
+                skip=_own_event,
+                **_work_queue(subjects.events_stream, "events"),
+            ),
+            intake(
+                subjects.cancel(),
+                handlers.on_cancel,
+                **_work_queue(subjects.control_stream, "cancel"),
+            ),
+        ]
+        self.heartbeats = intake(subjects.heartbeat(), handlers.on_heartbeat)
+
+    @property
+    def all(self) -> list[Intake]:
+        return [*self.leader_only, self.heartbeats]
+
+    async def start(self, leading: bool) -> None:
+        # Every scheduler process follows heartbeats (core NATS reaches them all), so that a
+        # follower that takes over already knows which workers are alive.
+        await self.heartbeats.start(self.broker.connection)
+        await self.lead(leading)
+
+    async def lead(self, leading: bool) -> None:
+        """Start (leader) or stop (follower) the work streams' consumers."""
+        for sub in self.leader_only:
             try:
                 if leading and not sub.running:
-                    await sub.start(broker.connection)
+                    await sub.start(self.broker.connection)
                 elif not leading and sub.running:
                     await sub.stop()
             except Exception:
@@ -122,7 +146,27 @@ def build_app(settings: Settings) -> FastStream:
                 # delays messages but never lets a follower act on them.
                 log.exception("could not %s a consumer", "start" if leading else "stop")
 
-    scheduler.on_leadership = consume
+    async def stop(self) -> None:
+        for sub in self.all:
+            await sub.stop()
+
+
+def _own_event(subject: str) -> bool:
+    return subject.rpartition(".")[2] in OWN_EVENTS
+
+
+def build_app(settings: Settings) -> FastStream:
+    broker = make_broker(settings, "scheduler")
+    scheduler = Scheduler(settings, broker)
+    # Observability: the job's trace (docs/observability.md) and Prometheus /metrics.
+    tracing = setup_tracing(settings, "scheduler")
+    scheduler.tracer = tracer_of(tracing, "scheduler")
+    scheduler.metrics = metrics = SchedulerMetrics()
+    metrics.watch(scheduler.view, scheduler.workers, lambda: scheduler.leading)
+    broker.add_middleware(metrics.messages)
+    metrics_server = MetricsServer(settings, metrics.registry, "scheduler")
+    consumers = Consumers(broker, scheduler, metrics.intakes)
+    scheduler.on_leadership = consumers.lead
 
     app = FastStream(broker)
 
@@ -135,16 +179,12 @@ def build_app(settings: Settings) -> FastStream:
 
     @app.after_startup
     async def start() -> None:
-        # Every scheduler process follows heartbeats (core NATS reaches them all), so that a
-        # follower that takes over already knows which workers are alive.
-        await heartbeats.start(broker.connection)
-        await consume(scheduler.leading)
+        await consumers.start(scheduler.leading)
         await scheduler.start()
 
     @app.on_shutdown
     async def stop() -> None:
-        for sub in (heartbeats, *leader_only):
-            await sub.stop()
+        await consumers.stop()
         await scheduler.stop()
         metrics_server.stop()
         tracing.shutdown()
@@ -152,5 +192,5 @@ def build_app(settings: Settings) -> FastStream:
     app.context.set_global("scheduler", scheduler)
     app.context.set_global("tracer_provider", tracing)  # tests add their span exporter to it
     app.context.set_global("metrics_server", metrics_server)
-    app.context.set_global("intakes", [*leader_only, heartbeats])  # tools/asyncapi.py
+    app.context.set_global("intakes", consumers.all)  # tools/asyncapi.py
     return app

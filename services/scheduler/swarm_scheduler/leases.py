@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
 
-from swarm_common.jobs import JobRecord, JobState
+from swarm_contracts.jobs import JobRecord, JobState
 
 HOLDING = (JobState.assigned, JobState.running)
 

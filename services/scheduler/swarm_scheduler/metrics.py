@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 from collections import Counter as Tally
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from swarm_common.jobs import JobRecord, JobState, utcnow
-from swarm_common.prometheus import nats_metrics_middleware
-
-if TYPE_CHECKING:
-    from swarm_scheduler.scheduler import Scheduler
+from swarm_contracts.jobs import JobRecord, JobState, utcnow
+from swarm_runtime.intake import IntakeMetrics
+from swarm_runtime.prometheus import nats_metrics_middleware
+from swarm_scheduler.view import JobView
+from swarm_scheduler.worker_table import WorkerTable
 
 # Placement latency spans a sub-second pass on an idle cluster to hours in a full one.
 LATENCY_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600, 14400)
@@ -23,14 +22,12 @@ LATENCY_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 
 class _StateCollector(Collector):
     """Gauges read from the scheduler's live view at scrape time: never out of step with it."""
 
-    def __init__(self, scheduler: Scheduler) -> None:
-        self.scheduler = scheduler
+    def __init__(self, view: JobView, workers: WorkerTable, leading: Callable[[], bool]) -> None:
+        self.view, self.workers, self.leading = view, workers, leading
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         queued = Tally(
-            r.spec.priority
-            for r in list(self.scheduler.open.values())
-            if r.state == JobState.queued
+            r.spec.priority for r in list(self.view.open.values()) if r.state == JobState.queued
         )
         depth = GaugeMetricFamily(
             "swarm_scheduler_queue_depth",
@@ -41,7 +38,7 @@ class _StateCollector(Collector):
             depth.add_metric([str(priority)], count)
         yield depth
 
-        states = Tally(r.state.value for r in list(self.scheduler.open.values()))
+        states = Tally(r.state.value for r in list(self.view.open.values()))
         jobs = GaugeMetricFamily(
             "swarm_scheduler_open_jobs", "Jobs not yet finished, by state", labels=["state"]
         )
@@ -52,14 +49,14 @@ class _StateCollector(Collector):
         workers = GaugeMetricFamily(
             "swarm_scheduler_workers", "Workers in the worker table, by state", labels=["state"]
         )
-        for state, count in self.scheduler.workers.count_by_state().items():
-            workers.add_metric([state], count)
+        for worker_state, count in self.workers.count_by_state().items():
+            workers.add_metric([worker_state], count)
         yield workers
 
         yield GaugeMetricFamily(
             "swarm_scheduler_leader",
             "1 while this scheduler process is the leader",
-            value=1.0 if self.scheduler.leading else 0.0,
+            value=1.0 if self.leading() else 0.0,
         )
 
 
@@ -77,10 +74,12 @@ class SchedulerMetrics:
             buckets=LATENCY_BUCKETS,
             registry=self.registry,
         )
+        # The intakes' families first: FastStream's middleware then counts into them.
+        self.intakes = IntakeMetrics(self.registry, "scheduler")
         self.messages = nats_metrics_middleware(self.registry, "scheduler")
 
-    def watch(self, scheduler: Scheduler) -> None:
-        self.registry.register(_StateCollector(scheduler))
+    def watch(self, view: JobView, workers: WorkerTable, leading: Callable[[], bool]) -> None:
+        self.registry.register(_StateCollector(view, workers, leading))
 
     def placed(self, record: JobRecord) -> None:
         """``record`` as it was queued, just before its assignment."""

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from faststream.nats import NatsBroker
 
-from swarm_common.jobs import JobSpec, ModelRef, ParentAdapter
-from swarm_common.registry import AdapterVersion, GetAdapter
-from swarm_common.subjects import Subjects
-from swarm_scheduler.registry_client import ask_registry
+from swarm_contracts.jobs import JobSpec, ModelRef, ParentAdapter
+from swarm_contracts.registry import AdapterVersion, GetAdapter, continued_spec
+from swarm_contracts.subjects import Subjects
+from swarm_runtime.rpc import Refused, Unavailable
+from swarm_scheduler.registry_client import registry_of
 
 
 class UnusableParent(LookupError):
@@ -26,12 +27,12 @@ async def resolve_parent(
     assert spec.from_adapter is not None
     ref = spec.from_adapter
     request = GetAdapter(name=ref, tenant=tenant)
-    reply = await ask_registry(broker, subjects, "adapters.get", request, AdapterVersion)
-    if not reply.ok or reply.result is None:
-        raise UnusableParent(
-            f"from_adapter {ref!r}: {reply.error or 'unknown adapter'} for tenant {tenant!r}"
-        )
-    found = reply.result
+    try:
+        found = await registry_of(broker, subjects).call("adapters.get", request, AdapterVersion)
+    except Refused as exc:
+        if exc.code == "internal":
+            raise Unavailable("registry", exc.message) from exc
+        raise UnusableParent(f"from_adapter {ref!r}: {exc.message} for tenant {tenant!r}") from exc
     mismatch = found.lineage.base_model_mismatch(base_model.name, base_model.version)
     if mismatch is not None:
         raise UnusableParent(
@@ -42,11 +43,3 @@ async def resolve_parent(
         name=found.name, version=found.version, store_key=found.store_key, files=found.files
     )
     return parent, continued_spec(spec, found)
-
-
-def continued_spec(spec: JobSpec, parent: AdapterVersion) -> JobSpec:
-    """A LoRA's shape (rank, scale, target modules) cannot change while training continues, so
-    the parent's replaces the spec's; dropout only acts during training and stays the job's.
-    The replacement is written into the job record, so what the job runs with is visible."""
-    lora = parent.lineage.lora.model_copy(update={"dropout": spec.lora.dropout})
-    return spec.model_copy(update={"lora": lora})

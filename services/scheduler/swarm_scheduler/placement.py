@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Iterable
+import functools
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
-from swarm_common.jobs import JobRecord, JobSpec, JobState
-from swarm_common.workers import WorkerInfo
+from swarm_contracts.jobs import JobRecord, JobSpec, JobState
+from swarm_contracts.workers import WorkerInfo
 from swarm_scheduler.queue_policy import FairQueue
+from swarm_scheduler.speed import clearly_faster, measured_speed
+
+# Which fitting worker a job goes to (SWARM_PLACEMENT_ORDER; see FreeIndex).
+Order = Literal["best_fit", "fastest"]
 
 # States in which a job holds capacity on its worker.
 HOLDING = (JobState.assigned, JobState.running)
@@ -51,17 +56,34 @@ def big_enough_gpus(worker: WorkerInfo, min_gb: float) -> int:
     return sum(1 for g in worker.resources.gpus if g.memory_bytes >= min_gb * GB)
 
 
-def eligible(worker: WorkerInfo, spec: JobSpec) -> bool:
+def min_gpu_gb(job: JobRecord) -> float:
+    """The memory each of a GPU job's GPUs must have: what the spec asks for, or the job's
+    estimated need (``JobRecord.memory``) when that is more."""
+    asked = job.spec.resources.min_gpu_memory_gb
+    if job.memory is None or not job.spec.resources.gpus_per_worker:
+        return asked
+    return max(asked, job.memory.total_bytes / GB)
+
+
+def _eligible_by_id(
+    by_id: dict[str, WorkerInfo], spec: JobSpec, min_gb: float, worker_id: str
+) -> bool:
+    return eligible(by_id[worker_id], spec, min_gb)
+
+
+def eligible(worker: WorkerInfo, spec: JobSpec, min_gb: float | None = None) -> bool:
     """Whether ``worker`` could ever run the job, capacity in use aside.
 
-    GPU memory is checked against the worker's GPU list: with ``min_gpu_memory_gb`` set, the
-    worker needs as many big-enough GPUs as the job asks for. (Free GPUs are tracked as a count,
-    so a worker mixing GPU sizes is treated as if its big ones were free first.)
+    GPU memory is checked against the worker's GPU list: with ``min_gb`` (by default the spec's
+    ``min_gpu_memory_gb``; see ``min_gpu_gb``) the worker needs as many big-enough GPUs as the
+    job asks for. (Free GPUs are tracked as a count, so a worker mixing GPU sizes is treated as
+    if its big ones were free first.)
     """
     if not labels_match(worker, spec):
         return False
     need = demand(spec).gpus
-    min_gb = spec.resources.min_gpu_memory_gb
+    if min_gb is None:
+        min_gb = spec.resources.min_gpu_memory_gb
     return need == 0 or min_gb <= 0 or big_enough_gpus(worker, min_gb) >= need
 
 
@@ -85,70 +107,127 @@ def free_capacity(worker: WorkerInfo, jobs: Iterable[JobRecord]) -> Capacity:
     return total(worker) - held(jobs).get(worker.worker_id, Capacity(0, 0))
 
 
-def _grouped(capacities: dict[str, Capacity]) -> dict[Capacity, list[str]]:
-    """Worker ids by capacity, each group sorted."""
+# How a worker ranks among workers of the same capacity: smaller first.
+Rank = Callable[[str], tuple[float, str]]
+
+
+def by_id(wid: str) -> tuple[float, str]:
+    return (0.0, wid)
+
+
+def _grouped(capacities: dict[str, Capacity], rank: Rank = by_id) -> dict[Capacity, list[str]]:
+    """Worker ids by capacity, each group sorted by ``rank``."""
     groups: dict[Capacity, list[str]] = {}
-    for wid in sorted(capacities):
+    for wid in sorted(capacities, key=rank):
         groups.setdefault(capacities[wid], []).append(wid)
     return groups
 
 
 class Pool:
-    """The alive workers as placement sees them: by id, their total capacity, and their ids
-    grouped by total capacity (each group sorted).
+    """The alive workers as placement sees them: by id, their total capacity, their measured
+    speed (``speed``, from their self-benchmarks), their ids grouped by total capacity (each
+    group faster first, then by id), and who holds which base model in its cache.
 
-    The worker table keeps one until a worker comes, goes or changes its resources or labels,
-    so that a placement pass with a thousand workers does not rebuild it from every worker.
+    The worker table keeps one until a worker comes, goes or changes its resources, labels or
+    benchmark, so that a placement pass with a thousand workers does not rebuild it from every
+    worker.
     """
 
     def __init__(self, workers: Iterable[WorkerInfo]) -> None:
         self.workers = list(workers)
         self.by_id = {w.worker_id: w for w in self.workers}
         self.totals = {w.worker_id: total(w) for w in self.workers}
-        self.groups = _grouped(self.totals)
+        self.speed = {w.worker_id: measured_speed(w) for w in self.workers}
+        # Worked out once: placement looks ranks up for every job it places.
+        self.ranks = {wid: (-speed, wid) for wid, speed in self.speed.items()}
+        self.rank: Rank = self.ranks.__getitem__
+        self.groups = _grouped(self.totals, self.rank)
+        # Base model digest -> the workers that advertise it cached, in rank order.
+        self.holders: dict[str, list[str]] = {}
+        for wid in sorted(self.by_id, key=self.rank):
+            for digest in self.by_id[wid].cached_models:
+                self.holders.setdefault(digest, []).append(wid)
 
 
 class FreeIndex:
-    """Workers grouped by their free capacity, each group sorted by worker id.
+    """Workers grouped by their free capacity, each group sorted by rank (faster first, then
+    worker id).
 
     Best fit then looks at each distinct free capacity once instead of at every worker: with a
     thousand workers and a burst of jobs, a scan per job was most of a placement pass.
     """
 
-    def __init__(self, free: dict[str, Capacity]) -> None:
+    def __init__(self, free: dict[str, Capacity], rank: Rank = by_id) -> None:
         self.free = dict(free)
-        self.groups = _grouped(self.free)
+        self.rank = rank
+        self.groups = _grouped(self.free, rank)
 
     @classmethod
     def of_pool(cls, pool: Pool, used: dict[str, Capacity]) -> FreeIndex:
         """From a ``Pool``'s groups, moving only the workers that hold jobs."""
         index = cls.__new__(cls)
         index.free = dict(pool.totals)
+        index.rank = pool.rank
         index.groups = {cap: list(ids) for cap, ids in pool.groups.items()}
         for wid, u in used.items():
             if wid in index.free:
                 index.take(wid, u)
         return index
 
-    def best_fit(self, need: Capacity, allowed: Callable[[str], bool] | None = None) -> str | None:
-        """The allowed fitting worker left with the least spare room (GPUs first, to limit
-        fragmentation), then the smallest worker id."""
+    def _fitting(
+        self, need: Capacity, allowed: Callable[[str], bool] | None, holders: Sequence[str]
+    ) -> Iterator[str]:
+        """Per free capacity that fits, least spare room first (GPUs first, to limit
+        fragmentation): its first allowed worker holding the job's base model in its cache
+        (``holders``, in rank order), else its first allowed worker in rank order."""
         for cap in sorted(self.groups, key=lambda c: (c.gpus, c.cpus)):
             if cap.cpus < need.cpus or cap.gpus < need.gpus:
                 continue
+            # Cache tie-break: holders are few, so look them up rather than scan the group.
+            held = (w for w in holders if self.free.get(w) == cap and (not allowed or allowed(w)))
+            if (wid := next(held, None)) is not None:
+                yield wid
+                continue
             for wid in self.groups[cap]:
                 if allowed is None or allowed(wid):
-                    return wid
-        return None
+                    yield wid
+                    break
+
+    def best_fit(
+        self,
+        need: Capacity,
+        allowed: Callable[[str], bool] | None = None,
+        holders: Sequence[str] = (),
+    ) -> str | None:
+        """The allowed fitting worker left with the least spare room; among those, one of
+        ``holders`` (holding the job's base model in its cache), then the fastest, then the
+        smallest worker id."""
+        return next(self._fitting(need, allowed, holders), None)
+
+    def fastest(
+        self,
+        need: Capacity,
+        allowed: Callable[[str], bool] | None = None,
+        holders: Sequence[str] = (),
+    ) -> str | None:
+        """The fastest allowed fitting worker; a roomier one than the best fit only when it is
+        clearly faster (``speed.FASTER_BY``), so that near-equal speeds keep best fit."""
+        best: str | None = None
+        best_speed = 0.0
+        for wid in self._fitting(need, allowed, holders):
+            speed = -self.rank(wid)[0]
+            if best is None or clearly_faster(speed, best_speed):
+                best, best_speed = wid, speed
+        return best
 
     def take(self, wid: str, need: Capacity) -> None:
         old = self.free[wid]
         group = self.groups[old]
-        del group[bisect.bisect_left(group, wid)]
+        del group[bisect.bisect_left(group, self.rank(wid), key=self.rank)]
         if not group:
             del self.groups[old]
         new = self.free[wid] = old - need
-        bisect.insort(self.groups.setdefault(new, []), wid)
+        bisect.insort(self.groups.setdefault(new, []), wid, key=self.rank)
 
 
 def best_fit(need: Capacity, free: dict[str, Capacity]) -> str | None:
@@ -160,18 +239,24 @@ def _labels_text(labels: dict[str, str]) -> str:
     return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
 
 
-def unplaceable_reason(spec: JobSpec, workers: list[WorkerInfo]) -> str:
+def unplaceable_reason(
+    spec: JobSpec, workers: list[WorkerInfo], min_gb: float | None = None
+) -> str:
     need = demand(spec)
+    asked = spec.resources.min_gpu_memory_gb
+    if min_gb is None:
+        min_gb = asked
     if not workers:
         return "waiting for a worker: none is alive"
     labelled = [w for w in workers if labels_match(w, spec)]
     if not labelled:
         return f"no alive worker has labels {_labels_text(spec.resources.labels)}"
-    fitting = [w for w in labelled if eligible(w, spec)]
+    fitting = [w for w in labelled if eligible(w, spec, min_gb)]
     if not fitting:
+        estimated = " (the job's estimated need)" if min_gb > asked else ""
         return (
             f"no alive worker has {need.gpus} GPU{'s' if need.gpus != 1 else ''} with "
-            f"≥ {spec.resources.min_gpu_memory_gb:g} GB of memory"
+            f"≥ {min_gb:.3g} GB of memory{estimated}"
         )
     if not any(total(w).fits(need) for w in fitting):
         largest = max(fitting, key=lambda w: (total(w).gpus, total(w).cpus))
@@ -188,9 +273,9 @@ class Plan:
     waiting: dict[str, str]  # job id -> reason
 
 
-def _shape(spec: JobSpec) -> tuple[object, ...]:
-    r = spec.resources
-    return (demand(spec), r.min_gpu_memory_gb, tuple(sorted(r.labels.items())))
+def _shape(job: JobRecord) -> tuple[object, ...]:
+    r = job.spec.resources
+    return (demand(job.spec), min_gpu_gb(job), tuple(sorted(r.labels.items())))
 
 
 def plan(
@@ -199,8 +284,11 @@ def plan(
     jobs: Iterable[JobRecord],
     tenant_max_running: int = 0,
     used: dict[str, Capacity] | None = None,
+    order: Order = "best_fit",
 ) -> Plan:
-    """Place queued jobs in fair-share order (see ``queue_policy``) on the best-fitting worker.
+    """Place queued jobs in fair-share order (see ``queue_policy``) on the best-fitting worker,
+    or with ``order="fastest"`` on the fastest fitting one; among equally fitting workers, one
+    that holds the job's base model in its cache first.
 
     ``jobs`` are the records that may hold capacity (at least every assigned or running one).
     ``used`` is ``held(jobs)`` when the caller keeps it up to date already.
@@ -212,6 +300,7 @@ def plan(
     pool = workers if isinstance(workers, Pool) else Pool(workers)
     workers, by_id = pool.workers, pool.by_id
     index = FreeIndex.of_pool(pool, used)
+    pick = index.fastest if order == "fastest" else index.best_fit
     result = Plan([], {})
     # A shape that found no room once in this pass finds none later either: skip the scan.
     full: dict[tuple[object, ...], str] = {}
@@ -220,19 +309,18 @@ def plan(
         if (limit_reason := queue.over_limit(job)) is not None:
             result.waiting[job.job_id] = limit_reason
             continue
-        shape = _shape(job.spec)
+        shape = _shape(job)
         need = demand(job.spec)
+        min_gb = min_gpu_gb(job)
         worker_id = None
         if shape not in full:
-            simple = not job.spec.resources.labels and not (
-                need.gpus and job.spec.resources.min_gpu_memory_gb
-            )
-            worker_id = index.best_fit(
-                need, None if simple else lambda k, s=job.spec: eligible(by_id[k], s)
-            )
+            simple = not job.spec.resources.labels and not (need.gpus and min_gb)
+            allowed = functools.partial(_eligible_by_id, by_id, job.spec, min_gb)
+            holders = pool.holders.get(job.base_model.digest, ()) if job.base_model else ()
+            worker_id = pick(need, None if simple else allowed, holders)
         if worker_id is None:
             if shape not in full:
-                full[shape] = unplaceable_reason(job.spec, workers)
+                full[shape] = unplaceable_reason(job.spec, workers, min_gb)
             result.waiting[job.job_id] = full[shape]
             continue
         index.take(worker_id, need)

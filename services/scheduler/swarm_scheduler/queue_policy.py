@@ -12,7 +12,7 @@ from collections import Counter, deque
 from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime
 
-from swarm_common.jobs import JobRecord, JobState
+from swarm_contracts.jobs import JobRecord, JobState
 
 _HOLDING = (JobState.assigned, JobState.running)
 _NEVER = datetime.min.replace(tzinfo=UTC)

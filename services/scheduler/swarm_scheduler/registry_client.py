@@ -2,48 +2,45 @@
 
 from __future__ import annotations
 
-from typing import TypeVar
-
 from faststream.nats import NatsBroker
-from nats.errors import NoRespondersError
-from nats.errors import TimeoutError as NatsTimeout
-from pydantic import BaseModel
 
-from swarm_common.jobs import ModelRef
-from swarm_common.registry import GetModel, ModelVersion, Reply
-from swarm_common.subjects import Subjects
-
-T = TypeVar("T", bound=BaseModel)
+from swarm_contracts.jobs import ModelRef
+from swarm_contracts.refs import Ref
+from swarm_contracts.registry import GetModel, ModelVersion
+from swarm_contracts.subjects import Subjects
+from swarm_runtime.rpc import Refused, ServiceClient, Unavailable
 
 
 class UnknownModel(LookupError):
     pass
 
 
-class RegistryUnavailable(ConnectionError):
-    pass
+def registry_of(broker: NatsBroker, subjects: Subjects) -> ServiceClient:
+    return ServiceClient(broker.connection, "registry", subjects.registry)
 
 
 def parse_model_ref(ref: str) -> GetModel:
-    name, _, version = ref.partition("@")
-    return GetModel(name=name, version=int(version) if version else None)
+    parsed = Ref.parse_versioned(ref)
+    return GetModel(name=parsed.name, version=parsed.version)
 
 
-async def ask_registry(
-    broker: NatsBroker, subjects: Subjects, action: str, request: BaseModel, result: type[T]
-) -> Reply[T]:
-    """One registry request/reply; RegistryUnavailable when nobody answers in time."""
+async def resolve_model(broker: NatsBroker, subjects: Subjects, ref: str) -> ModelVersion:
+    """Pin ``name[@version]`` to one registered version, so a job never drifts to a newer one.
+
+    ``UnknownModel`` when the registry refuses (the job fails with its reason), except for its
+    own ``internal`` failures, which read as unavailable: the submission is tried again."""
     try:
-        response = await broker.request(request, subjects.registry(action), timeout=5.0)
-    except (NoRespondersError, NatsTimeout, TimeoutError) as exc:
-        raise RegistryUnavailable("the registry did not answer") from exc
-    return Reply[result].model_validate_json(response.body)  # type: ignore[valid-type]
+        m = await registry_of(broker, subjects).call(
+            "models.get", parse_model_ref(ref), ModelVersion
+        )
+    except Refused as exc:
+        if exc.code == "internal":
+            raise Unavailable("registry", exc.message) from exc
+        raise UnknownModel(exc.message) from exc
+    return m
 
 
-async def resolve_model(broker: NatsBroker, subjects: Subjects, ref: str) -> ModelRef:
-    """Pin ``name[@version]`` to one registered version, so a job never drifts to a newer one."""
-    reply = await ask_registry(broker, subjects, "models.get", parse_model_ref(ref), ModelVersion)
-    if not reply.ok or reply.result is None:
-        raise UnknownModel(reply.error or f"unknown base model {ref!r}")
-    m = reply.result
-    return ModelRef(name=m.name, version=m.version, store_key=m.store_key, digest=m.digest)
+def model_ref(m: ModelVersion) -> ModelRef:
+    return ModelRef(
+        name=m.name, version=m.version, store_key=m.store_key, digest=m.digest, hf_id=m.hf_id
+    )

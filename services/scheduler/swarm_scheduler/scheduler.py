@@ -1,50 +1,58 @@
-"""The scheduler's state and decisions: job records, the worker table, placement and requeue.
+"""The scheduler's decisions: submissions, job events, the worker table, placement and requeue.
 
-The job records live in the ``jobs`` KV bucket; this process keeps a live view of them by
-watching the bucket, and changes them only by compare-and-set, so a stale view can at worst
-make a write fail, never make it wrong.
+The job records and this process's view of them are ``swarm_scheduler.view``; every change
+here goes through the view's compare-and-set writes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
+import secrets
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable
 from datetime import timedelta
 
 from faststream.nats import NatsBroker
-from nats.js.kv import KV_DEL, KV_PURGE
 from opentelemetry.trace import NoOpTracer, Tracer
 
-from swarm_common.broker import publish_job_event
-from swarm_common.datasets import DatasetInfo
-from swarm_common.envelope import envelope
-from swarm_common.events import (
+from swarm_contracts.datasets import DatasetInfo
+from swarm_contracts.envelope import envelope
+from swarm_contracts.events import (
     AnyJobEvent,
     Assigned,
     Cancelled,
+    CancelRequest,
     Failed,
     Queued,
+    Released,
     Requeued,
 )
-from swarm_common.jobs import JobRecord, JobState, JobSubmission, ModelRef, job_id_for, utcnow
-from swarm_common.records import Conflict, RecordTable
-from swarm_common.settings import Settings
-from swarm_common.subjects import Subjects
-from swarm_common.topology import ensure_topology, kv_bucket
-from swarm_common.tracing import child_span, traceparent
-from swarm_common.workers import Assignment, Heartbeat, WorkerInfo
-from swarm_scheduler.leader import Leadership
+from swarm_contracts.jobs import JobRecord, JobState, JobSubmission, job_id_for, utcnow
+from swarm_contracts.memory_estimate import estimate_memory
+from swarm_contracts.providers import token_digest
+from swarm_contracts.registry import ModelVersion
+from swarm_contracts.subjects import Subjects
+from swarm_contracts.workers import Assignment, Heartbeat, ReleaseRequest, WorkerInfo, WorkerOps
+from swarm_runtime.broker import publish_job_event
+from swarm_runtime.leader import Leadership
+from swarm_runtime.records import Conflict, RecordTable
+from swarm_runtime.rpc import Unavailable
+from swarm_runtime.settings import Settings
+from swarm_runtime.topology import ensure_topology, kv_bucket
+from swarm_runtime.tracing import child_span, traceparent
 from swarm_scheduler.leases import LeaseClock, overdue
 from swarm_scheduler.metrics import SchedulerMetrics
 from swarm_scheduler.parents import resolve_parent
-from swarm_scheduler.placement import HOLDING, Capacity, demand, plan
-from swarm_scheduler.registry_client import RegistryUnavailable, UnknownModel, resolve_model
-from swarm_scheduler.transitions import apply_event, copy_record, is_stale
-from swarm_scheduler.worker_table import WorkerTable
+from swarm_scheduler.placement import HOLDING, plan
+from swarm_scheduler.registry_client import UnknownModel, model_ref, resolve_model
+from swarm_scheduler.transitions import apply_event, copy_record, is_stale, token_matches
+from swarm_scheduler.view import JobView
+from swarm_scheduler.worker_ops import WorkerOpsView
+from swarm_scheduler.worker_table import PRESENT, WorkerTable
 
 log = logging.getLogger("swarm.scheduler")
 SERVICE = "scheduler"
@@ -55,7 +63,11 @@ WORKER_KV_REFRESH_S = 5.0
 WORKER_KV_REFRESH_PER_S = 100.0
 MODEL_CACHE_S = 2.0
 REASON_AFTER_S = 1.0
-_NONE = Capacity(0, 0)
+# A worker drained with move_jobs is asked again this often while it still holds jobs (the
+# request is core NATS: a worker that missed it, reconnecting, gets the next one).
+RELEASE_RESEND_S = 5.0
+# A liveness check that comes this much later than asked found the scheduler itself paused.
+LIVENESS_PAUSE_S = 1.0
 
 
 class Scheduler:
@@ -63,30 +75,21 @@ class Scheduler:
         self.settings = settings
         self.broker = broker
         self.subjects = Subjects(settings.namespace)
-        self.workers = WorkerTable(settings.worker_timeout_s)
-        # The live view of the jobs bucket: the KV revision of every record, and the records
-        # themselves only while not yet terminal, so that neither a placement pass nor the
-        # garbage collector's full passes grow with the history of finished jobs (of those
-        # the revision is enough to tell a stale watch entry from a newer one).
-        self.revisions: dict[str, int] = {}
-        self.open: dict[str, JobRecord] = {}
-        # worker id -> capacity its assigned and running records hold, kept up to date on
-        # every change of the view, so that a placement pass need not add up every open job.
-        self._held: dict[str, Capacity] = {}
+        self.workers = WorkerTable(settings.worker_timeout_s, slow_fraction=settings.slow_fraction)
+        self.view = JobView(on_closed=self._closed)
+        self.worker_ops = WorkerOpsView(self._ops_changed)
+        self._release_sent: dict[str, float] = {}  # worker id -> when it was last asked
         # job id -> (attempt, monotonic time) of the last heartbeat of its worker listing it.
         self._listed: dict[str, tuple[int, float]] = {}
         self._running_seen: dict[str, float] = {}  # job id -> when this process saw it run
-        # job id -> this process's writes to its record in flight, and the latest watch entry
-        # of the record that came meanwhile: most are the echo of our own write, which the
-        # write's answer puts in the view without parsing the record again.
-        self._writing: dict[str, int] = {}
-        self._parked: dict[str, object] = {}
         self._worker_kv_written: dict[str, tuple[object, float]] = {}
         self._datasets: dict[str, DatasetInfo] = {}  # content-addressed: never change
-        self._models: dict[str, tuple[ModelRef, float]] = {}
+        self._models: dict[str, tuple[ModelVersion, float]] = {}
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._started_at = time.monotonic()
+        # Whether this leadership term has marked the workers it never heard from as lost.
+        self._unheard_checked = False
         self.holder = f"scheduler-{uuid.uuid4().hex[:8]}"
         self.leadership: Leadership | None = None
         # Called with True/False as this process gains or loses leadership (the app starts and
@@ -104,18 +107,21 @@ class Scheduler:
 
     async def prepare(self) -> None:
         js = self.broker.connection.jetstream()
-        await ensure_topology(js, self.subjects)
-        self.jobs = RecordTable(await kv_bucket(js, self.subjects, "jobs"), JobRecord)
+        await ensure_topology(js, self.subjects, self.settings.js_replicas)
         self.datasets = RecordTable(await kv_bucket(js, self.subjects, "datasets"), DatasetInfo)
         self.worker_kv = RecordTable(await kv_bucket(js, self.subjects, "workers"), WorkerInfo)
+        # Cordons and drains before the first placement pass, so none places around them.
+        await self.worker_ops.load(await kv_bucket(js, self.subjects, "worker_ops"))
         # Rebuild the view before serving: a restarted scheduler picks up where it left.
-        self._watcher = await self.jobs.kv.watchall()
-        while (entry := await self._watcher.updates(timeout=30)) is not None:
-            self._apply_watch(entry)
+        await self.view.load(await kv_bucket(js, self.subjects, "jobs"))
         self._started_at = time.monotonic()
         leader_kv = await kv_bucket(js, self.subjects, "leader")
         self.leadership = Leadership(
-            leader_kv, self.holder, self.settings.leader_lease_s, self._leadership_changed
+            leader_kv,
+            "scheduler",
+            self.holder,
+            self.settings.leader_lease_s,
+            self._leadership_changed,
         )
         await self.leadership.tick()  # decided before the consumers start
 
@@ -125,6 +131,7 @@ class Scheduler:
             # that a silent one is gone, and count lease times from now.
             self._started_at = time.monotonic()
             self._running_seen.clear()
+            self._unheard_checked = False
             self.wake()
         if self.on_leadership is not None:
             result = self.on_leadership(leading)
@@ -135,7 +142,8 @@ class Scheduler:
         assert self.leadership is not None
         self.leadership.start()
         self._tasks = [
-            asyncio.create_task(self._watch_loop()),
+            asyncio.create_task(self.view.follow()),
+            asyncio.create_task(self.worker_ops.follow()),
             asyncio.create_task(self._placement_loop()),
             asyncio.create_task(self._liveness_loop()),
         ]
@@ -148,111 +156,24 @@ class Scheduler:
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        with contextlib.suppress(Exception):
-            await self._watcher.stop()
+        await self.view.close()
+        await self.worker_ops.close()
 
     def wake(self) -> None:
         """Ask for a placement pass now rather than at the next tick."""
         self._wake.set()
 
-    # --- the live view of job records ----------------------------------------------------
+    def _ops_changed(self, ops: dict[str, WorkerOps]) -> None:
+        self.workers.set_ops(ops)
+        for worker_id in list(self._release_sent):
+            if worker_id not in ops:
+                del self._release_sent[worker_id]
+        self.wake()  # an uncordoned worker may take queued jobs now
 
-    def _apply_watch(self, entry: object) -> None:
-        key, revision = entry.key, entry.revision  # type: ignore[attr-defined]
-        if key in self._writing:
-            parked = self._parked.get(key)
-            if parked is None or parked.revision < revision:  # type: ignore[attr-defined]
-                self._parked[key] = entry
-            return
-        if entry.operation in (KV_DEL, KV_PURGE) or not entry.value:  # type: ignore[attr-defined]
-            gone = self.open.pop(key, None)
-            self.revisions.pop(key, None)
-            if gone is not None:
-                self._hold(gone, -1)
-            return
-        if self.revisions.get(key, 0) < revision:
-            self._store(JobRecord.model_validate_json(entry.value), revision)  # type: ignore[attr-defined]
-
-    @contextlib.contextmanager
-    def _writing_to(self, job_id: str) -> Iterator[None]:
-        """Around a write to the job's record and its ``_remember``: the record's watch entries
-        that come meanwhile are held back, then applied only if newer than what was written."""
-        self._writing[job_id] = self._writing.get(job_id, 0) + 1
-        try:
-            yield
-        finally:
-            if (left := self._writing.pop(job_id) - 1) > 0:
-                self._writing[job_id] = left
-            elif (parked := self._parked.pop(job_id, None)) is not None:
-                self._apply_watch(parked)
-
-    def _remember(self, record: JobRecord, revision: int) -> None:
-        # Our own writes go into the view at once: capacity must never be computed from a
-        # view that misses an assignment we just made.
-        if self.revisions.get(record.job_id, 0) < revision:
-            self._store(record, revision)
-
-    def finished(self, job_id: str) -> bool:
-        """Whether the view has the job's record, terminal (and therefore not kept whole)."""
-        return job_id in self.revisions and job_id not in self.open
-
-    def _store(self, record: JobRecord, revision: int) -> None:
-        job_id = record.job_id
-        previous = self.open.get(job_id)
-        if previous is not None:
-            self._hold(previous, -1)
-        self.revisions[job_id] = revision
-        if record.state.terminal:
-            self.open.pop(job_id, None)
-            self._listed.pop(job_id, None)
-            self._running_seen.pop(job_id, None)
-        else:
-            self._hold(record, +1)
-            self.open[job_id] = record
-
-    def _hold(self, record: JobRecord, sign: int) -> None:
-        """Add (+1) or take back (-1) what ``record`` holds on its worker."""
-        if not record.worker_id or record.state not in HOLDING:
-            return
-        need = demand(record.spec)
-        prev = self._held.get(record.worker_id, _NONE)
-        now = Capacity(prev.cpus + sign * need.cpus, prev.gpus + sign * need.gpus)
-        if now == _NONE:
-            del self._held[record.worker_id]
-        else:
-            self._held[record.worker_id] = now
-
-    async def _watch_loop(self) -> None:
-        async for entry in self._watcher:
-            if entry is not None:
-                self._apply_watch(entry)
-
-    async def _modify(
-        self, job_id: str, change: Callable[[JobRecord], JobRecord | None]
-    ) -> JobRecord | None:
-        def stamped(r: JobRecord) -> JobRecord | None:
-            new = change(r)
-            if new is not None:
-                new.updated_at = utcnow()
-            return new
-
-        # Fast path: compare-and-set against the view's revision, saving a read; a conflict
-        # (the view was behind) falls back to read-modify-write.
-        # A no-op on the view is re-checked on the bucket, in case the view was behind.
-        cached = self.open.get(job_id)
-        if cached is not None:
-            new = stamped(copy_record(cached))
-            if new is not None:
-                revision = self.revisions[job_id]
-                with contextlib.suppress(Conflict), self._writing_to(job_id):
-                    self._remember(new, await self.jobs.update(job_id, new, revision))
-                    return new
-        with self._writing_to(job_id):
-            written = await self.jobs.modify(job_id, stamped)
-            if written is None:
-                return None
-            self._remember(*written)
-            return written[0]
+    def _closed(self, job_id: str) -> None:
+        # What the leases kept of a job that is no longer open.
+        self._listed.pop(job_id, None)
+        self._running_seen.pop(job_id, None)
 
     async def _emit(self, event: AnyJobEvent) -> None:
         # One event of a kind per attempt: a retried publish is de-duplicated by JetStream.
@@ -266,34 +187,39 @@ class Scheduler:
         job_id = submission.job_id or job_id_for(submission.tenant, idempotency_key)
         # The view answers for duplicates; a record it has not seen yet makes the create
         # below fail, which settles it without a read per submission.
-        existing = self.open.get(job_id)
-        if existing is None and self.finished(job_id):
-            found = await self.jobs.get(job_id)  # of a finished job the view keeps no record
-            existing = found[0] if found is not None else None
+        existing = self.view.open.get(job_id)
+        if existing is None and self.view.finished(job_id):
+            existing = await self.view.read(job_id)  # of a finished job the view keeps no record
         if existing is not None:
             log.info("duplicate submission of %s dropped", job_id)
             return existing
 
-        record = JobRecord(job_id=job_id, tenant=submission.tenant, spec=submission.spec)
+        record = JobRecord(
+            job_id=job_id, tenant=submission.tenant, spec=submission.spec, sweep=submission.sweep
+        )
         record.trace_parent = traceparent()  # the submit span: the job's trace continues from it
         try:
-            record.base_model = await self._resolve(submission.spec.base_model)
+            model = await self._resolve(submission.spec.base_model)
+            record.base_model = model_ref(model)
             if submission.spec.from_adapter:
                 record.parent, record.spec = await resolve_parent(
                     self.broker, self.subjects, record.spec, record.tenant, record.base_model
                 )
+            if model.shape is not None:
+                # With the LoRA shape the job runs with (a parent's, when it continues one).
+                ref = f"{model.name}@{model.version}"
+                record.memory = estimate_memory(model.shape, record.spec, ref)
             await self._check_datasets(record)
-        except RegistryUnavailable:
+        except Unavailable:
             log.warning("registry unavailable; submission %s will be retried", job_id)
             return None
         except (UnknownModel, LookupError) as exc:
             record.state, record.reason = JobState.failed, str(exc)
 
         try:
-            with self._writing_to(job_id):
-                self._remember(record, await self.jobs.create(job_id, record))
+            await self.view.create(record)
         except Conflict:
-            return (await self.jobs.get(job_id) or (record, 0))[0]
+            return await self.view.read(job_id) or record
         spec = record.spec  # with from_adapter, the LoRA shape is the parent's
         await self._emit(Queued(job_id=job_id, tenant=record.tenant, spec=spec))
         if record.state == JobState.failed:
@@ -301,7 +227,7 @@ class Scheduler:
         self.wake()
         return record
 
-    async def _resolve(self, ref: str) -> ModelRef:
+    async def _resolve(self, ref: str) -> ModelVersion:
         """The registry's answer, reused briefly: at a hundred submissions a second, asking
         for each one costs the registry and the scheduler more than placing the job. A pinned
         ``name@version`` never changes; a bare name may move to a new version, so it is kept
@@ -324,18 +250,23 @@ class Scheduler:
 
     # --- job events and cancellation ------------------------------------------------------
 
-    async def on_job_event(self, event: AnyJobEvent) -> None:
+    async def on_job_event(self, event: AnyJobEvent, token: str | None = None) -> None:
+        """Apply a worker's ``event`` to the job record if it comes from the worker that holds
+        the job's current attempt: the event's attempt is the record's, and ``token`` (the
+        event's attempt token header) is the one that attempt's assignment carried."""
         if event.event in ("queued", "assigned", "requeued"):
             return  # our own; already in the record
-        if self.finished(event.job_id):
+        if isinstance(event, Released):
+            await self._released(event, token)
+            return
+        if self.view.finished(event.job_id):
             # A finished record never changes again (``apply_event``): an event of a finished
             # job, late or stale, needs no read of the bucket.
             log.debug("ignored %s of finished job %s", event.event, event.job_id)
             return
-        record = self.open.get(event.job_id)
+        record = self.view.open.get(event.job_id)
         if record is None or event.attempt > record.attempt:
-            found = await self.jobs.get(event.job_id)  # the view may be behind a new attempt
-            record = found[0] if found is not None else None
+            record = await self.view.read(event.job_id)  # the view may be behind a new attempt
         if record is not None and is_stale(record, event):
             log.warning(
                 "rejected %s from stale attempt %d of %s (current attempt %d)",
@@ -345,9 +276,29 @@ class Scheduler:
                 record.attempt,
             )
             return
-        new = await self._modify(event.job_id, lambda r: apply_event(r, event))
+        if record is not None and not token_matches(record, token):
+            log.warning(
+                "rejected %s of %s attempt %d: not sent by the worker that holds the attempt",
+                event.event,
+                event.job_id,
+                event.attempt,
+            )
+            return
+        new = await self.view.modify(event.job_id, lambda r: apply_event(r, event, token))
         if new is not None and new.state.terminal:
             self.wake()
+
+    async def _released(self, event: Released, token: str | None) -> None:
+        """The worker checkpointed the attempt and stopped it: queue it again now, rather than
+        when its lease runs out. Not counted against ``max_attempts`` unless the worker says it
+        was at fault (``fault``): a hand-back on purpose failed nothing."""
+        record = self.view.open.get(event.job_id) or await self.view.read(event.job_id)
+        if record is None or is_stale(record, event) or not token_matches(record, token):
+            return
+        at = event.last_checkpoint_step
+        detail = f" (from the checkpoint at step {at})" if at is not None else ""
+        reason = f"handed back by worker {event.worker_id}: {event.reason}{detail}"
+        await self.requeue(event.job_id, event.worker_id, reason, handback=not event.fault)
 
     async def cancel(self, job_id: str, reason: str) -> None:
         def change(r: JobRecord) -> JobRecord | None:
@@ -360,17 +311,37 @@ class Scheduler:
                 r.state, r.reason = JobState.cancelled, reason
             return r
 
-        new = await self._modify(job_id, change)
+        new = await self.view.modify(job_id, change)
         if new is not None and new.state == JobState.cancelled:
             await self._emit(Cancelled(job_id=job_id, attempt=new.attempt, reason=reason))
+        elif new is not None and new.state in HOLDING and new.worker_id:
+            # Passed on to the worker's own subject: a provider's agent may not listen to
+            # every job's cancel subject. Core NATS: a worker that misses it sees
+            # ``cancel_requested`` in the record at its next check.
+            request = CancelRequest(job_id=job_id, reason=reason)
+            await self.broker.publish(
+                envelope(SERVICE, "swarm.job.cancel", request, subject=job_id),
+                self.subjects.worker_cancel(new.worker_id),
+            )
 
     # --- workers ---------------------------------------------------------------------------
 
-    async def on_heartbeat(self, heartbeat: Heartbeat) -> None:
+    async def on_heartbeat(self, heartbeat: Heartbeat, subject: str | None = None) -> None:
+        if subject is not None and subject != self.subjects.heartbeat(heartbeat.worker_id):
+            # NATS permissions bind a provider to its own heartbeat subject; the worker id in
+            # the body must be that one too, or a provider could speak for another worker.
+            log.warning("dropped a heartbeat of %s sent on %s", heartbeat.worker_id, subject)
+            return
         # Every scheduler process follows heartbeats (core NATS reaches them all), so that a
         # follower that takes over already knows which workers are alive.
         info, fresh = self.workers.heartbeat(heartbeat)
         now = time.monotonic()
+        if heartbeat.state == "gone":
+            log.info("worker %s said goodbye", info.worker_id)
+            if self.leading:
+                await self._write_worker(info, now)
+                await self._take_back_all(info.worker_id, "worker shut down")
+            return
         for job in heartbeat.running:
             # A stale worker (frozen past its lease, then woken) still lists the old attempt
             # until it notices: it must not hide the current attempt's confirmations.
@@ -384,13 +355,20 @@ class Scheduler:
             await self._write_worker(info, now)
 
     async def _write_worker(self, info: WorkerInfo, now: float) -> None:
-        """Write the worker's KV entry when its state, resources or labels change, else (its
-        load: free capacity, running jobs) at most every few seconds.
+        """Write the worker's KV entry when its state, resources, labels or benchmark change,
+        else (its load: free capacity, running jobs) at most every few seconds.
 
         A write per heartbeat would be hundreds of KV writes a second with many busy workers,
         for a table that the gateway only displays; placement reads the live worker table.
         """
-        signature = (info.state, info.labels, info.resources)
+        signature = (
+            info.state,
+            info.labels,
+            info.resources,
+            info.cordoned,
+            info.draining,
+            info.benchmark,  # a new measurement shows in `swarm workers` at once
+        )
         previous = self._worker_kv_written.get(info.worker_id)
         # With many workers, refreshes are spread so that they stay within a write budget.
         refresh = max(WORKER_KV_REFRESH_S, len(self._worker_kv_written) / WORKER_KV_REFRESH_PER_S)
@@ -399,9 +377,49 @@ class Scheduler:
         self._worker_kv_written[info.worker_id] = (signature, now)
         await self.worker_kv.put(info.worker_id, info)
 
+    async def _take_back_all(self, worker_id: str, reason: str) -> None:
+        held = [
+            r.job_id
+            for r in self.view.open.values()
+            if r.worker_id == worker_id and r.state in HOLDING
+        ]
+        await _gather(self.requeue(job_id, worker_id, reason) for job_id in held)
+
+    async def _release_drained(self, now: float) -> None:
+        """Ask each worker drained with ``move_jobs`` to hand back the jobs it still runs."""
+        for worker_id, ops in list(self.worker_ops.ops.items()):
+            if not (ops.drain and ops.move_jobs) or not self.workers.is_alive(worker_id):
+                continue
+            if now - self._release_sent.get(worker_id, -RELEASE_RESEND_S) < RELEASE_RESEND_S:
+                continue
+            held = [
+                r.job_id
+                for r in self.view.open.values()
+                if r.worker_id == worker_id and r.state in HOLDING
+            ]
+            if not held:
+                continue
+            self._release_sent[worker_id] = now
+            request = ReleaseRequest(
+                worker_id=worker_id, job_ids=held, reason=ops.reason or "worker drained"
+            )
+            log.info("asking worker %s to hand back %s", worker_id, ", ".join(held))
+            await self.broker.publish(
+                envelope(SERVICE, "swarm.worker.release", request, subject=worker_id),
+                self.subjects.release(worker_id),
+            )
+
     async def _liveness_loop(self) -> None:
         while True:
+            before = time.monotonic()
             await asyncio.sleep(1.0)
+            paused = time.monotonic() - before - 1.0
+            if paused > LIVENESS_PAUSE_S:
+                # This process was paused (starved of CPU, swapped, stopped): the heartbeats of
+                # that time wait unread in its socket, so silence says nothing about the
+                # workers yet. Read them first; judge at the next check.
+                log.warning("scheduler paused for %.1fs; liveness judged at the next check", paused)
+                continue
             try:
                 await self.check_liveness()
             except Exception:
@@ -417,10 +435,14 @@ class Scheduler:
         if not self.leading:
             return
         now = time.monotonic()
+        await self._release_drained(now)
         # A worker this process has never heard from since it started (or took over) may have
         # died while no scheduler was watching; after a timeout's worth of silence it has.
         grace_over = now - self._started_at > self.workers.timeout_s
-        for r in self.open.values():
+        if grace_over and not self._unheard_checked:
+            self._unheard_checked = True
+            await self._mark_unheard_workers_lost()
+        for r in self.view.open.values():
             if r.state == JobState.running:
                 self._running_seen.setdefault(r.job_id, now)
 
@@ -433,7 +455,7 @@ class Scheduler:
             utcnow(), now, self.settings.assign_timeout_s, self.settings.cancel_grace_s
         )
         for due in overdue(
-            list(self.open.values()),
+            list(self.view.open.values()),
             clock,
             alive=self.workers.is_alive,
             trust_absence=lambda w: grace_over or self.workers.known(w),
@@ -442,10 +464,28 @@ class Scheduler:
             log.warning("%s %s: %s", due.action, due.job_id, due.reason)
             await self.requeue(due.job_id, due.worker_id, due.reason, cancel=due.action == "cancel")
 
+    async def _mark_unheard_workers_lost(self) -> None:
+        """Workers whose records still say they are there but who have not sent a heartbeat
+        since this process started leading died while no scheduler watched: without this,
+        their records (what ``GET /v1/workers`` shows) would say ``alive`` for ever."""
+        for info in await self.worker_kv.all():
+            if info.state in PRESENT and not self.workers.known(info.worker_id):
+                log.warning("worker %s lost: silent since this scheduler leads", info.worker_id)
+                await self.worker_kv.put(info.worker_id, info.model_copy(update={"state": "lost"}))
+
     async def requeue(
-        self, job_id: str, worker_id: str, reason: str, *, cancel: bool = False
+        self,
+        job_id: str,
+        worker_id: str,
+        reason: str,
+        *,
+        cancel: bool = False,
+        handback: bool = False,
     ) -> None:
-        """Take the job back from ``worker_id``: queue it again, or end it if it must end."""
+        """Take the job back from ``worker_id``: queue it again, or end it if it must end.
+
+        ``handback``: the worker gave it back on purpose (drain, shutdown), which does not
+        count against ``max_attempts``."""
 
         def change(r: JobRecord) -> JobRecord | None:
             if r.state not in HOLDING or r.worker_id != worker_id:
@@ -454,14 +494,15 @@ class Scheduler:
                 r.state, r.reason = JobState.cancelled, reason
             elif r.cancel_requested:
                 r.state, r.reason = JobState.cancelled, f"cancelled ({reason})"
-            elif r.attempt >= self.settings.max_attempts:
+            elif r.attempt >= self.settings.max_attempts and not handback:
                 r.state, r.reason = JobState.failed, f"{reason}; gave up after {r.attempt} attempts"
             else:
                 r.state, r.reason, r.worker_id = JobState.queued, f"requeued: {reason}", None
                 r.assigned_at = None
+                r.metrics.pop("step", None)  # the next attempt's progress starts from its resume
             return r
 
-        new = await self._modify(job_id, change)
+        new = await self.view.modify(job_id, change)
         if new is None:
             return
         if new.state == JobState.queued:
@@ -491,12 +532,17 @@ class Scheduler:
                 log.exception("placement pass failed")
 
     async def place(self) -> None:
-        jobs = list(self.open.values())
+        jobs = list(self.view.open.values())
         queued = [j for j in jobs if j.state == JobState.queued and not j.cancel_requested]
         if not queued:
             return
         result = plan(
-            queued, self.workers.pool(), jobs, self.settings.tenant_max_running, self._held
+            queued,
+            self.workers.pool(),
+            jobs,
+            self.settings.tenant_max_running,
+            self.view.held,
+            self.settings.placement_order,
         )
         # The plan already gave each job its own room, so the writes can go out together:
         # each is a compare-and-set on its own record, and one that fails leaves its room
@@ -509,10 +555,10 @@ class Scheduler:
         changed = [
             (job_id, reason)
             for job_id, reason in result.waiting.items()
-            if (record := self.open[job_id]).reason != reason and record.updated_at < settled
+            if (record := self.view.open[job_id]).reason != reason and record.updated_at < settled
         ]
         await _gather(
-            self._modify(job_id, lambda r, why=reason: _with_reason(r, why))
+            self.view.modify(job_id, functools.partial(_with_reason, reason=reason))
             for job_id, reason in changed
         )
 
@@ -528,10 +574,10 @@ class Scheduler:
         return self._datasets[key]
 
     async def _assign(self, job_id: str, worker_id: str) -> None:
-        record = self.open.get(job_id)  # gone if it finished (was cancelled) since the plan
+        record = self.view.open.get(job_id)  # gone if it finished (was cancelled) since the plan
         if record is None:
             return
-        revision = self.revisions[job_id]
+        revision = self.view.revisions[job_id]
         if record.state != JobState.queued or record.base_model is None:
             return
         dataset = await self._dataset(record.tenant, record.spec.dataset)
@@ -547,10 +593,11 @@ class Scheduler:
             worker_id,
             None,
         )
+        token = secrets.token_urlsafe(24)
+        new.attempt_token_sha256 = token_digest(token)
         new.updated_at = new.assigned_at = utcnow()
         try:
-            with self._writing_to(job_id):
-                self._remember(new, await self.jobs.update(job_id, new, revision))
+            await self.view.update(new, revision)
         except Conflict:
             return  # changed under us (cancelled, say); the next pass sees the new record
         if self.metrics is not None:
@@ -566,6 +613,7 @@ class Scheduler:
             validation=validation,
             trace_parent=traceparent(),  # the placement span: the trainer continues from it
             parent=new.parent,
+            attempt_token=token,
         )
         # Both publishes go out together, one round trip instead of two. The event is sent
         # first, so it is on the events stream before the worker can report on the attempt.
@@ -582,7 +630,7 @@ class Scheduler:
 
     async def _place(self, job_id: str, worker_id: str) -> None:
         """``_assign`` in a span of the job's trace (its record keeps where the trace is)."""
-        cached = self.open.get(job_id)  # gone if the job finished since the plan
+        cached = self.view.open.get(job_id)  # gone if the job finished since the plan
         parent = cached.trace_parent if cached else None
         attributes = {"swarm.job_id": job_id, "swarm.worker_id": worker_id}
         with child_span(self.tracer, "scheduler.place", parent, **attributes):
@@ -595,7 +643,7 @@ class Scheduler:
             r.state, r.reason = JobState.failed, reason
             return r
 
-        new = await self._modify(job_id, change)
+        new = await self.view.modify(job_id, change)
         if new is not None:
             await self._emit(Failed(job_id=job_id, attempt=new.attempt, reason=reason))
 

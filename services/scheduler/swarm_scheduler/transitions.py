@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from swarm_common.events import (
+from swarm_contracts.events import (
     AnyJobEvent,
     Cancelled,
     CheckpointSaved,
@@ -12,7 +12,8 @@ from swarm_common.events import (
     Succeeded,
     Validated,
 )
-from swarm_common.jobs import JobRecord, JobState, utcnow
+from swarm_contracts.jobs import JobRecord, JobState, utcnow
+from swarm_contracts.providers import token_matches as attempt_token_matches
 
 
 def copy_record(record: JobRecord) -> JobRecord:
@@ -27,22 +28,36 @@ def is_stale(record: JobRecord, event: AnyJobEvent) -> bool:
     return event.attempt != record.attempt
 
 
-def apply_event(record: JobRecord, event: AnyJobEvent) -> JobRecord | None:
-    """The record after ``event``, or None when the event changes nothing.
+def token_matches(record: JobRecord, token: str | None) -> bool:
+    """Whether an event carrying ``token`` comes from the worker given the current attempt."""
+    return attempt_token_matches(record.attempt_token_sha256, token)
+
+
+def apply_event(
+    record: JobRecord, event: AnyJobEvent, token: str | None = None
+) -> JobRecord | None:
+    """The record after ``event``, or None when the event changes nothing: it is stale, not
+    from the attempt's worker (``token``), or of a kind that changes no record.
 
     Events the scheduler emits itself (queued, assigned, requeued) are already reflected in the
     record when they come back, so they change nothing here.
     """
-    if record.state.terminal or is_stale(record, event):
+    if record.state.terminal or is_stale(record, event) or not token_matches(record, token):
         return None
     new = copy_record(record)
     match event:
         case Started() if record.state == JobState.assigned:
             new.state = JobState.running
+        case Progress() if event.step < record.metrics.get("step", 0):
+            # Events are applied concurrently: an older report may come last. The record
+            # keeps the latest (a requeue clears the step: a new attempt starts lower).
+            return None
         case Progress():
             new.metrics.update(step=event.step, loss=event.loss, tokens_per_s=event.tokens_per_s)
         case Validated():
             new.metrics.update(eval_loss=event.eval_loss, perplexity=event.perplexity)
+        case CheckpointSaved() if event.step < record.metrics.get("checkpoint_step", 0):
+            return None
         case CheckpointSaved():
             new.metrics.update(checkpoint_step=event.step)
         case Succeeded():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from swarm_common.settings import Settings
+from swarm_runtime.settings import Settings
 from swarm_telemetry.app import build_app
 
 

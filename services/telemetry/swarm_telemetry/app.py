@@ -13,14 +13,15 @@ from faststream.nats.annotations import NatsMessage
 from nats.js.api import DeliverPolicy
 from pydantic import Field, TypeAdapter, ValidationError
 
-from swarm_common.broker import make_broker
-from swarm_common.envelope import CloudEvent
-from swarm_common.events import AnyJobEvent, JobEvent
-from swarm_common.metrics import GetJobMetrics, JobMetrics
-from swarm_common.registry import Reply
-from swarm_common.settings import Settings
-from swarm_common.subjects import Subjects
-from swarm_common.topology import ensure_topology
+from swarm_contracts.envelope import CloudEvent
+from swarm_contracts.events import AnyJobEvent, JobEvent
+from swarm_contracts.metrics import GetJobMetrics, JobMetrics
+from swarm_contracts.replies import Reply
+from swarm_contracts.subjects import Subjects
+from swarm_runtime.broker import make_broker
+from swarm_runtime.rpc import Refused, answer
+from swarm_runtime.settings import Settings
+from swarm_runtime.topology import ensure_topology
 from swarm_telemetry.http_api import build_http
 from swarm_telemetry.otel_metrics import OtelMetrics
 from swarm_telemetry.prometheus_metrics import PrometheusMetrics
@@ -30,7 +31,7 @@ log = logging.getLogger(__name__)
 
 SERVICE = "telemetry"
 JobEventEnvelope = TypeAdapter(
-    CloudEvent[Annotated[AnyJobEvent, Field(discriminator="event")]]  # type: ignore[type-var]
+    CloudEvent[Annotated[AnyJobEvent, Field(discriminator="event")]]  # type: ignore[maybe-unrecognized-str-typeform]
 )
 
 
@@ -54,7 +55,8 @@ class TelemetryService:
     async def _ensure_topology(self) -> None:
         # The events stream must exist before the consumer on it is created.
         await self.broker.connect()
-        await ensure_topology(self.broker.connection.jetstream(), self.subjects)
+        js = self.broker.connection.jetstream()
+        await ensure_topology(js, self.subjects, self.settings.js_replicas)
 
     def consume(self, event: JobEvent) -> None:
         self.series.apply(event)
@@ -90,10 +92,13 @@ class TelemetryService:
 
         @self.broker.subscriber(subjects.telemetry("metrics.get"), queue=SERVICE)
         async def get_metrics(request: GetJobMetrics) -> Reply[JobMetrics]:
-            metrics = self.series.get(request.job_id, request.max_points)
-            if metrics is None:
-                return Reply[JobMetrics](ok=False, error=f"unknown job {request.job_id!r}")
-            return Reply[JobMetrics](ok=True, result=metrics)
+            async def work() -> JobMetrics:
+                metrics = self.series.get(request.job_id, request.max_points)
+                if metrics is None:
+                    raise Refused(f"unknown job {request.job_id!r}", "not_found")
+                return metrics
+
+            return await answer(Reply[JobMetrics], work())
 
     async def run(self) -> None:
         """Serve until SIGINT/SIGTERM (uvicorn handles the signals), then stop the consumer."""

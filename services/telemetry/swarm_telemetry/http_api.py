@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import FastAPI, HTTPException, Query, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from swarm_common.metrics import JobMetrics
+from swarm_contracts.metrics import JobMetrics
 from swarm_telemetry.prometheus_metrics import PrometheusMetrics
 from swarm_telemetry.series import SeriesStore
 

@@ -6,9 +6,9 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
 
-from swarm_common.events import JobEvent, Progress, Validated
-from swarm_common.prometheus import metric_exporter_for
-from swarm_common.settings import Settings
+from swarm_contracts.events import JobEvent, Progress, Validated
+from swarm_runtime.prometheus import metric_exporter_for
+from swarm_runtime.settings import Settings
 
 EXPORT_INTERVAL_MS = 10_000
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import TypeVar
 
-from swarm_common.events import JobEvent, Progress, Validated
-from swarm_common.metrics import EvalPoint, JobMetrics, TrainPoint
+from swarm_contracts.events import JobEvent, Progress, Validated
+from swarm_contracts.metrics import EvalPoint, JobMetrics, TrainPoint
 
 P = TypeVar("P", TrainPoint, EvalPoint)
 

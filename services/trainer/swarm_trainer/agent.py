@@ -16,15 +16,14 @@ import re
 import socket
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
 
 from faststream.nats import NatsBroker
-from nats.errors import NoRespondersError
-from nats.errors import TimeoutError as NatsTimeout
 from opentelemetry import trace
 from opentelemetry.trace import NoOpTracer, Tracer
+from ray.util.queue import Queue
 from tenacity import (
     AsyncRetrying,
     retry_if_exception_type,
@@ -32,28 +31,45 @@ from tenacity import (
     wait_exponential,
 )
 
-from swarm_common.broker import publish_job_event
-from swarm_common.envelope import envelope
-from swarm_common.events import (
+from swarm_contracts.envelope import envelope
+from swarm_contracts.events import (
     Cancelled,
     CancelRequest,
     CheckpointSaved,
     Failed,
     JobEvent,
     Progress,
+    Released,
     Started,
     Succeeded,
     Validated,
 )
-from swarm_common.jobs import AdapterRef, JobRecord, JobState, utcnow
-from swarm_common.records import RecordTable
-from swarm_common.registry import AdapterVersion, Lineage, RegisterAdapter, Reply
-from swarm_common.settings import Settings
-from swarm_common.store import open_store
-from swarm_common.subjects import Subjects
-from swarm_common.topology import ensure_topology, kv_bucket
-from swarm_common.tracing import trace_headers
-from swarm_common.workers import Assignment, Gpu, Heartbeat, Resources, RunningJob, parse_labels
+from swarm_contracts.jobs import AdapterRef, JobRecord, JobState, utcnow
+from swarm_contracts.providers import read_credentials
+from swarm_contracts.registry import AdapterVersion, Lineage, RegisterAdapter
+from swarm_contracts.subjects import Subjects
+from swarm_contracts.workers import (
+    CACHED_MODELS_MAX,
+    Assignment,
+    BenchmarkRequest,
+    Gpu,
+    Heartbeat,
+    HeartbeatState,
+    ReleaseRequest,
+    Resources,
+    RunningJob,
+    WorkerBenchmark,
+    parse_labels,
+)
+from swarm_runtime.broker import publish_job_event
+from swarm_runtime.records import RecordTable
+from swarm_runtime.rpc import Refused, ServiceClient, Unavailable
+from swarm_runtime.settings import Settings
+from swarm_runtime.store import ObjectStore, is_unreachable, open_store
+from swarm_runtime.topology import ensure_topology, kv_bucket
+from swarm_trainer import reports
+from swarm_trainer.benchmark import run_benchmark
+from swarm_trainer.cache import CacheSettings
 from swarm_trainer.job_history import workers_that_ran
 from swarm_trainer.job_trace import JobTrace, note_event
 from swarm_trainer.metrics import TrainerMetrics
@@ -66,10 +82,14 @@ from swarm_trainer.run import (
     run_job,
     wait_committed,
 )
+from swarm_trainer.signed_store import SignedAccess, SignedStore
 
 log = logging.getLogger("swarm.trainer")
 SERVICE = "trainer"
 REGISTER_TIMEOUT_S = 60.0
+# How long a new attempt's assignment waits for this agent's stale run of the job to stop.
+# Less than the assignment consumer's ack wait (30 s), so that it is not redelivered meanwhile.
+RETIRE_TIMEOUT_S = 20.0
 
 
 def default_worker_id() -> str:
@@ -99,6 +119,12 @@ class ActiveJob:
     step: int = 0
     last_checkpoint_step: int | None = None
     cancel_requested: bool = False
+    # Why, as the cancel request said (e.g. "pruned" from a sweep): the `cancelled` event and
+    # so the job record carry it.
+    cancel_reason: str = "cancelled by request"
+    # Why the job is being handed back (shutdown, drain), once it is: the run commits a
+    # checkpoint and stops, and the agent emits ``released`` instead of a terminal event.
+    release_reason: str | None = None
     # The record moved on (requeued, placed again, ended): this run is a stale copy.
     superseded: bool = False
     started_at: datetime = field(default_factory=utcnow)
@@ -111,15 +137,41 @@ class TrainerAgent:
         self.settings = settings
         self.broker = broker
         self.subjects = Subjects(settings.namespace)
-        self.worker_id = settings.worker_id or default_worker_id()
+        # A provider's agent (``swarm-trainer join``) is the worker its credentials name: its
+        # NATS user may use that worker's subjects only.
+        self.provider = (
+            read_credentials(settings.provider_creds_file).provider
+            if settings.provider_creds_file
+            else None
+        )
+        self.worker_id = self.provider or settings.worker_id or default_worker_id()
         self.resources = detect_resources(settings.trainer_cpus)
         self.labels = parse_labels(settings.worker_labels)  # SWARM_WORKER_LABELS, for placement
-        self.store = open_store(settings)
+        # No store of its own without keys: each job's operations are granted for that job
+        # (``store_for``).
+        self.store: ObjectStore | None = (
+            None if settings.store_access == "signed" else open_store(settings)
+        )
+        # The ranks fill it (on this machine); heartbeats say which base models it holds.
+        self.cache = CacheSettings.of(settings).open()
         self.active: dict[str, ActiveJob] = {}
+        # "leaving" from the moment it is asked to stop: no new jobs, running ones handed back.
+        self.state: HeartbeatState = "alive"
         self._heartbeat_task: asyncio.Task[None] | None = None
+        self._own_ray = False  # whether this agent connected Ray (then it disconnects it)
+        # The latest self-benchmark, carried by every heartbeat (swarm_trainer.benchmark).
+        self.benchmark: WorkerBenchmark | None = None
+        self._benchmarking = asyncio.Lock()
         # Set by the app (swarm_trainer.app); no-ops for a bare agent.
         self.tracer: Tracer = NoOpTracer()
         self.metrics: TrainerMetrics | None = None
+
+    def store_for(self, job: Assignment) -> ObjectStore:
+        """The store as ``job``'s attempt may use it: the agent's own, or without keys the
+        registry's grants for that attempt only (docs/providers.md, *Store access*)."""
+        if self.store is not None:
+            return self.store
+        return SignedStore(SignedAccess.of(self.settings, job))
 
     # --- start and stop ------------------------------------------------------------------
 
@@ -127,8 +179,13 @@ class TrainerAgent:
         """Before the subscribers start: the streams they bind to must exist."""
         await self.broker.connect()
         js = self.broker.connection.jetstream()
-        await ensure_topology(js, self.subjects)
-        self.jobs = RecordTable(await kv_bucket(js, self.subjects, "jobs"), JobRecord)
+        if self.provider is None:
+            await ensure_topology(js, self.subjects, self.settings.js_replicas)
+            bucket = await kv_bucket(js, self.subjects, "jobs")
+        else:
+            # A provider may not create or change streams: the cluster's services did.
+            bucket = await js.key_value(self.subjects.bucket("jobs"))
+        self.jobs = RecordTable(bucket, JobRecord)
         await asyncio.to_thread(self._init_ray)
 
     def _init_ray(self) -> None:
@@ -136,6 +193,7 @@ class TrainerAgent:
 
         if ray.is_initialized():
             return
+        self._own_ray = True
         address = os.environ.get("RAY_ADDRESS")
         if address:
             ray.init(address=address)
@@ -143,18 +201,78 @@ class TrainerAgent:
             ray.init(num_cpus=self.resources.cpus, include_dashboard=False)
 
     async def start(self) -> None:
+        if self.settings.benchmark_s > 0:
+            # Before the first heartbeat, while the machine is idle: once the scheduler hears
+            # of the worker it may place a job here, and a shared device measures low.
+            try:
+                await self.measure()
+            except Exception:  # a worker that cannot measure itself can still train
+                log.exception("the self-benchmark failed; heartbeats go without one")
         self._heartbeat_task = asyncio.create_task(self._heartbeat_loop())
         log.info("trainer %s ready with %s", self.worker_id, self.resources)
 
     async def stop(self) -> None:
+        """A graceful exit (SIGTERM): say "leaving" so that the scheduler places nothing more
+        here, checkpoint every running job and hand it back (``released``: requeued at once,
+        resumed elsewhere from that checkpoint), then say goodbye ("gone"), so that the
+        scheduler takes back anything left without waiting for the heartbeats to time out."""
+        self.state = "leaving"
+        with contextlib.suppress(Exception):
+            await self._send_heartbeat()
+        reason = "worker shutting down"
         for active in list(self.active.values()):
-            await self._request_cancel(active, "trainer agent shutting down")
+            await self._request_release(active, reason)
+        running = [a.task for a in self.active.values() if a.task is not None]
+        if running:
+            log.info("handing back %d job(s) before exiting", len(running))
+            _, late = await asyncio.wait(running, timeout=self.settings.shutdown_grace_s)
+            if late:
+                log.warning("%d job(s) did not stop in time; left to the scheduler", len(late))
         tasks = [t for t in [self._heartbeat_task, *(a.task for a in self.active.values())] if t]
         for task in tasks:
             task.cancel()
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        self.state = "gone"
+        with contextlib.suppress(Exception):
+            await self._send_heartbeat()
+        # Disconnect from Ray (and stop the local cluster it started) before the process exits;
+        # a Ray connection the agent found (a test's, an embedding process's) is left alone.
+        if self._own_ray:
+            await asyncio.to_thread(_shutdown_ray)
+
+    # --- self-benchmark ------------------------------------------------------------------
+
+    async def measure(self) -> WorkerBenchmark:
+        """Run the self-benchmark (one at a time); heartbeats carry the result from now on."""
+        async with self._benchmarking:
+            result = await run_benchmark(self.settings.benchmark_s, busy=bool(self.active))
+            self.benchmark = result
+        log.info(
+            "self-benchmark: %.3g TFLOP/s (%s on %s), %.0f training tokens/s%s",
+            result.matmul_tflops,
+            result.dtype,
+            result.device,
+            result.train_tokens_per_s,
+            " (busy)" if result.busy else "",
+        )
+        return result
+
+    async def benchmark_requested(self, request: BenchmarkRequest) -> WorkerBenchmark:
+        """``swarm workers benchmark ID``: measure again, and tell the scheduler at once."""
+        if request.worker_id != self.worker_id:
+            raise Refused(f"this is worker {self.worker_id}, not {request.worker_id}", "invalid")
+        if self.settings.benchmark_s <= 0:
+            raise Refused(
+                f"worker {self.worker_id} has its self-benchmark turned off (SWARM_BENCHMARK_S=0)",
+                "conflict",
+            )
+        result = await self.measure()
+        if self._heartbeat_task is not None:  # not before its first heartbeat
+            with contextlib.suppress(Exception):  # the next regular one carries it anyway
+                await self._send_heartbeat()
+        return result
 
     # --- heartbeats ----------------------------------------------------------------------
 
@@ -181,24 +299,47 @@ class TrainerAgent:
                 for a in self.active.values()
             ],
             labels={"ray": os.environ.get("RAY_ADDRESS", "local"), **self.labels},
+            state=self.state,
+            benchmark=self.benchmark,
+            advertised_tflops=self.settings.advertised_tflops,
+            cached_models=self.cache.entries("models")[:CACHED_MODELS_MAX],
+            provider=self.provider,
+        )
+
+    async def _send_heartbeat(self) -> None:
+        await self.broker.publish(
+            envelope(SERVICE, "swarm.worker.heartbeat", self.heartbeat(), self.worker_id),
+            self.subjects.heartbeat(self.worker_id),
         )
 
     async def _heartbeat_loop(self) -> None:
+        interval = self.settings.heartbeat_interval_s
         while True:
             try:
-                await self.broker.publish(
-                    envelope(SERVICE, "swarm.worker.heartbeat", self.heartbeat(), self.worker_id),
-                    self.subjects.heartbeat(self.worker_id),
-                )
+                # Bounded: one publish stuck on a broken connection must not be the last.
+                await asyncio.wait_for(self._send_heartbeat(), max(5.0, 3 * interval))
             except Exception:  # a NATS hiccup must not end the heartbeats for good
                 log.exception("heartbeat failed")
-            await asyncio.sleep(self.settings.heartbeat_interval_s)
+            await asyncio.sleep(interval)
 
     # --- assignments and cancels -----------------------------------------------------------
 
     async def accept(self, job: Assignment) -> bool:
         """Start ``job`` if the record still gives it to us, this attempt; else drop it."""
-        if job.worker_id != self.worker_id or job.job_id in self.active:
+        if job.worker_id != self.worker_id:
+            return False
+        running = self.active.get(job.job_id)
+        if running is not None and running.job.attempt < job.attempt:
+            # We still run an attempt the scheduler gave up on (this machine was frozen or cut
+            # off past its lease) and it placed the job here again: stop the stale run first,
+            # rather than drop the new attempt, which would then wait out the assign timeout.
+            await self._retire(running)
+        if job.job_id in self.active:
+            return False
+        if self.state != "alive":
+            # Placed before the scheduler heard we are leaving: our goodbye makes it take the
+            # job back.
+            log.info("leaving: dropping assignment %s#%d", job.job_id, job.attempt)
             return False
         found = await self.jobs.get(job.job_id)
         if found is None:
@@ -225,12 +366,41 @@ class TrainerAgent:
         active.task = asyncio.create_task(self._traced_run(active))
         return True
 
+    async def _retire(self, active: ActiveJob) -> None:
+        """Stop a superseded run and wait (a while) until it has let go of the job."""
+        log.warning(
+            "job %s attempt %d was placed again: stopping our stale run",
+            active.job.job_id,
+            active.job.attempt,
+        )
+        active.superseded = True
+        await self._request_cancel(active, "superseded by the scheduler")
+        if active.task is not None:
+            await asyncio.wait({active.task}, timeout=RETIRE_TIMEOUT_S)
+
     async def cancel(self, request: CancelRequest) -> None:
         active = self.active.get(request.job_id)
         if active is not None:
             await self._request_cancel(active, request.reason)
 
+    async def release(self, request: ReleaseRequest) -> None:
+        """The scheduler drains this worker: checkpoint these jobs and hand them back."""
+        for job_id in request.job_ids:
+            active = self.active.get(job_id)
+            if active is not None:
+                await self._request_release(active, request.reason)
+
+    async def _request_release(self, active: ActiveJob, reason: str) -> None:
+        if active.cancel_requested or active.release_reason is not None:
+            return
+        log.info("handing back %s: %s", active.job.job_id, reason)
+        active.release_reason = reason
+        if active.control is not None:
+            await asyncio.to_thread(_ray_get, active.control.release.remote())
+
     async def _request_cancel(self, active: ActiveJob, reason: str) -> None:
+        if not active.cancel_requested:
+            active.cancel_reason = reason
         active.cancel_requested = True
         if active.control is not None:
             await asyncio.to_thread(_ray_get, active.control.cancel.remote())
@@ -238,12 +408,16 @@ class TrainerAgent:
     # --- one job ---------------------------------------------------------------------------
 
     async def _emit(self, event: JobEvent, step: int | str = "") -> None:
+        active = self.active.get(event.job_id)
+        # The attempt's token proves to the scheduler that the event is this worker's.
+        token = active.job.attempt_token if active and active.job.attempt == event.attempt else None
         await publish_job_event(
             self.broker,
             self.subjects,
             SERVICE,
             event,
             msg_id=f"{event.job_id}.{event.attempt}.{event.event}.{step}",
+            attempt_token=token,
         )
         note_event(event)
         if self.metrics is not None:
@@ -261,57 +435,131 @@ class TrainerAgent:
 
     async def _run(self, active: ActiveJob) -> None:
         job = active.job
-        ids = {"job_id": job.job_id, "attempt": job.attempt}
-        progress: Any = None
+        progress: Queue | None = None
         try:
             from swarm_trainer.control import make_channels
 
             progress, active.control = await asyncio.to_thread(make_channels)
-            if active.cancel_requested:  # a cancel that came in while we were setting up
-                await asyncio.to_thread(_ray_get, active.control.cancel.remote())
-            resume = await asyncio.to_thread(prepare_resume, self.store, job.job_id, job.attempt)
-            resumed = resume.step if resume is not None else 0
-            active.step = resumed
-            await self._emit(Started(**ids, worker_id=self.worker_id, resumed_from_step=resumed))
-            fit = asyncio.create_task(
-                asyncio.to_thread(
-                    run_job, job, self.settings, self.store, progress, active.control, resume=resume
-                )
-            )
-            next_check = time.monotonic() + self.settings.heartbeat_interval_s
-            while not fit.done():
-                if time.monotonic() >= next_check:
-                    next_check = time.monotonic() + self.settings.heartbeat_interval_s
-                    await self._stop_if_superseded(active)
-                for message in await asyncio.to_thread(_drain, progress, 0.5):
-                    await self._on_progress(active, message)
-            for message in await asyncio.to_thread(_drain, progress, 0.0):
-                await self._on_progress(active, message)
-            result = fit.result()
-            await self._stop_if_superseded(active)
-            if active.superseded:
-                # The scheduler already told the job's followers (requeued, ...): a terminal
-                # event from this attempt would only mislead them.
-                log.info("job %s attempt %d superseded; its run stopped", job.job_id, job.attempt)
-            elif active.cancel_requested:
-                await self._emit(Cancelled(**ids, last_checkpoint_step=active.last_checkpoint_step))
-            elif result is None:
-                await self._emit(Failed(**ids, reason="training stopped without a result"))
-            else:
-                await self._finish(active, result)
+            fit = await self._start(active, progress)
+            await self._follow(active, fit, progress)
+            await self._conclude(active, fit.result())
         except asyncio.CancelledError:
             raise
-        except PreflightError as exc:
-            await self._emit(Failed(**ids, reason=str(exc)))
         except Exception as exc:
-            log.exception("job %s attempt %d failed", job.job_id, job.attempt)
+            if not isinstance(exc, PreflightError):
+                log.exception("job %s attempt %d failed", job.job_id, job.attempt)
+            # A run that failed after its lease lapsed (a frozen machine, an outage) must not
+            # add a final event to a job that a newer attempt now runs.
+            with contextlib.suppress(Exception):
+                await self._stop_if_superseded(active)
             if not active.superseded:
-                await self._emit(Failed(**ids, reason=readable(exc)))
+                await self._emit(self._failure(active, exc))
         finally:
-            self.active.pop(job.job_id, None)
+            if self.active.get(job.job_id) is active:  # not a newer attempt's entry
+                del self.active[job.job_id]
             if active.control is not None:
                 with contextlib.suppress(Exception):
                     await asyncio.to_thread(_kill_actors, active.control, progress)
+
+    def _failure(self, active: ActiveJob, exc: Exception) -> Failed | Released:
+        ids = {"job_id": active.job.job_id, "attempt": active.job.attempt}
+        if is_unreachable(exc):
+            # The store is down, not the job wrong: another attempt (here or elsewhere, from
+            # the last committed checkpoint) may well succeed; it counts as an attempt.
+            return Released(
+                **ids,
+                worker_id=self.worker_id,
+                reason=f"object store unreachable: {readable(exc)}",
+                last_checkpoint_step=active.last_checkpoint_step,
+                fault=True,
+            )
+        reason = str(exc) if isinstance(exc, PreflightError) else readable(exc)
+        return Failed(**ids, reason=reason)
+
+    async def _start(self, active: ActiveJob, progress: Queue) -> asyncio.Task[RunResult | None]:
+        """Emit ``started`` and run the attempt on Ray (in a thread), from the checkpoint an
+        earlier attempt committed, if any."""
+        job = active.job
+        if active.cancel_requested:  # a cancel that came in while we were setting up
+            await asyncio.to_thread(_ray_get, active.control.cancel.remote())
+        elif active.release_reason is not None:  # likewise a hand-back
+            await asyncio.to_thread(_ray_get, active.control.release.remote())
+        store = self.store_for(job)
+        resume = await asyncio.to_thread(prepare_resume, store, job.job_id, job.attempt)
+        active.step = resume.step if resume is not None else 0
+        await self._emit(
+            Started(
+                job_id=job.job_id,
+                attempt=job.attempt,
+                worker_id=self.worker_id,
+                resumed_from_step=active.step,
+            )
+        )
+        return asyncio.create_task(
+            asyncio.to_thread(
+                run_job, job, self.settings, store, progress, active.control, resume=resume
+            )
+        )
+
+    async def _follow(
+        self, active: ActiveJob, fit: asyncio.Task[RunResult | None], progress: Queue
+    ) -> None:
+        """Until the run ends, turn rank 0's reports into events, and every heartbeat
+        interval check that the job record still gives this attempt to this worker."""
+        next_check = time.monotonic() + self.settings.heartbeat_interval_s
+        while not fit.done():
+            if time.monotonic() >= next_check:
+                next_check = time.monotonic() + self.settings.heartbeat_interval_s
+                await self._stop_if_superseded(active)
+            for report in await asyncio.to_thread(_drain, progress, 0.5):
+                await self._advise(active, report)
+        for report in await asyncio.to_thread(_drain, progress, 0.0):
+            await self._advise(active, report)
+
+    async def _advise(self, active: ActiveJob, report: reports.Report) -> None:
+        """``_on_report``, whose events are advisory: one that cannot be published now (NATS
+        slow to acknowledge on a loaded machine) is logged, and the training goes on (the
+        checkpoints and the result are in the store, the terminal event is the agent's own)."""
+        try:
+            await self._on_report(active, report)
+        except Exception:
+            log.warning(
+                "could not report %s of %s", type(report).__name__, active.job.job_id, exc_info=True
+            )
+
+    async def _conclude(self, active: ActiveJob, result: RunResult | None) -> None:
+        """The attempt's terminal event, if it is still the job's current attempt."""
+        job = active.job
+        await self._stop_if_superseded(active)
+        if active.superseded:
+            # The scheduler already told the job's followers (requeued, ...): a terminal
+            # event from this attempt would only mislead them.
+            log.info("job %s attempt %d superseded; its run stopped", job.job_id, job.attempt)
+        elif active.cancel_requested:
+            last = active.last_checkpoint_step
+            await self._emit(
+                Cancelled(
+                    job_id=job.job_id,
+                    attempt=job.attempt,
+                    reason=active.cancel_reason,
+                    last_checkpoint_step=last,
+                )
+            )
+        elif result is None and active.release_reason is not None:
+            await self._emit(
+                Released(
+                    job_id=job.job_id,
+                    attempt=job.attempt,
+                    worker_id=self.worker_id,
+                    reason=active.release_reason,
+                    last_checkpoint_step=active.last_checkpoint_step,
+                )
+            )
+        elif result is None:
+            reason = "training stopped without a result"
+            await self._emit(Failed(job_id=job.job_id, attempt=job.attempt, reason=reason))
+        else:
+            await self._finish(active, result)
 
     async def _stop_if_superseded(self, active: ActiveJob) -> None:
         """Cancel our run once the job record no longer gives this attempt to this worker.
@@ -335,6 +583,9 @@ class TrainerAgent:
             and record.worker_id == self.worker_id
             and record.state in (JobState.assigned, JobState.running)
         ):
+            if record.cancel_requested and not active.cancel_requested:
+                # The scheduler's cancel message (core NATS) did not reach us.
+                await self._request_cancel(active, "cancelled by request")
             return
         log.warning(
             "job %s attempt %d is now %s#%d on %s: stopping our run",
@@ -347,42 +598,78 @@ class TrainerAgent:
         active.superseded = True
         await self._request_cancel(active, "superseded by the scheduler")
 
-    async def _on_progress(self, active: ActiveJob, m: dict[str, Any]) -> None:
-        ids = {"job_id": active.job.job_id, "attempt": active.job.attempt}
+    async def _on_report(self, active: ActiveJob, report: reports.Report) -> None:
+        """Every report feeds the trace and the metrics; progress, evaluations and committed
+        checkpoints also become job events (``started`` and the terminal events are the
+        agent's own: it emits them whether or not rank 0 got to report)."""
+        job = active.job
         if active.trace is not None:
-            active.trace.observe(m)
+            active.trace.observe(report)
         if self.metrics is not None:
-            self.metrics.observe(active.job.job_id, m)
-        kind = m.get("kind")
-        if kind == "progress":
-            active.step = m["step"]
-            fields = ("step", "max_steps", "loss", "lr", "tokens_per_s", "elapsed_s")
-            await self._emit(Progress(**ids, **{k: m[k] for k in fields}), m["step"])
-        elif kind == "validated":
-            event = Validated(
-                **ids, step=m["step"], eval_loss=m["eval_loss"], perplexity=m["perplexity"]
-            )
-            await self._emit(event, m["step"])
-        elif kind == "checkpoint":
-            # Announced once committed: whoever reads the event may count on resuming from it.
-            job, step = active.job, m["step"]
-            if not await asyncio.to_thread(
-                wait_committed, self.store, job.job_id, job.attempt, step
-            ):
-                log.warning("checkpoint %d of %s was not committed in time", step, job.job_id)
-                return
-            active.last_checkpoint_step = step
-            key = checkpoint_key(job.job_id, job.attempt, m["dir_name"])
-            await self._emit(CheckpointSaved(**ids, step=step, store_key=key), step)
+            self.metrics.observe(job.job_id, report)
+        match report:
+            case reports.Started():
+                log.info(
+                    "job %s attempt %d: %s from the cache, fetched in %.2f s",
+                    job.job_id,
+                    job.attempt,
+                    ", ".join(report.cached) or "nothing",
+                    report.fetch_s,
+                )
+            case reports.Progress():
+                active.step = report.step
+                event = Progress(
+                    job_id=job.job_id,
+                    attempt=job.attempt,
+                    step=report.step,
+                    max_steps=report.max_steps,
+                    loss=report.loss,
+                    lr=report.lr,
+                    tokens_per_s=report.tokens_per_s,
+                    elapsed_s=report.elapsed_s,
+                )
+                await self._emit(event, report.step)
+            case reports.Validated():
+                validated = Validated(
+                    job_id=job.job_id,
+                    attempt=job.attempt,
+                    step=report.step,
+                    eval_loss=report.eval_loss,
+                    perplexity=report.perplexity,
+                )
+                await self._emit(validated, report.step)
+            case reports.CheckpointReported():
+                await self._announce_checkpoint(active, report)
+
+    async def _announce_checkpoint(
+        self, active: ActiveJob, report: reports.CheckpointReported
+    ) -> None:
+        """Once Ray committed it: whoever reads the event may count on resuming from it."""
+        job, step = active.job, report.step
+        # A superseded run's checkpoint concerns nobody: a new attempt of the job waits for
+        # this agent to let go of it (``_retire``), so stop waiting at once.
+        committed = await asyncio.to_thread(
+            wait_committed,
+            self.store_for(job),
+            job.job_id,
+            job.attempt,
+            step,
+            give_up=lambda: active.superseded,
+        )
+        if not committed:
+            log.warning("checkpoint %d of %s was not committed in time", step, job.job_id)
+            return
+        active.last_checkpoint_step = step
+        key = checkpoint_key(job.job_id, job.attempt, report.dir_name)
+        await self._emit(
+            CheckpointSaved(job_id=job.job_id, attempt=job.attempt, step=step, store_key=key),
+            step,
+        )
 
     async def _finish(self, active: ActiveJob, result: RunResult) -> None:
         job = active.job
         m = result.metrics
-        metrics = {
-            k: float(m[k])
-            for k in ("train_loss", "eval_loss", "perplexity", "elapsed_s", "step")
-            if isinstance(m.get(k), int | float)
-        }
+        metrics = m.event_metrics()
         lineage = Lineage(
             tenant=job.tenant,
             job_id=job.job_id,
@@ -397,8 +684,8 @@ class TrainerAgent:
             lora=job.spec.lora,
             training=job.spec.training,
             metrics=metrics,
-            eval_history=m.get("eval_history", []),
-            best_step=m.get("best_step"),
+            eval_history=[asdict(e) for e in m.eval_history],
+            best_step=m.best_step,
             worker_id=self.worker_id,
             worker_ids=await workers_that_ran(
                 self.broker.connection.jetstream(),
@@ -412,7 +699,12 @@ class TrainerAgent:
             parent=job.parent.ref if job.parent else None,
         )
         version = await self.register(
-            RegisterAdapter(name=job.spec.name, store_key=result.adapter_key, lineage=lineage)
+            RegisterAdapter(
+                name=job.spec.name,
+                store_key=result.adapter_key,
+                lineage=lineage,
+                attempt_token=job.attempt_token,
+            )
         )
         adapter = AdapterRef(
             name=version.name, version=version.version, store_key=version.store_key
@@ -428,23 +720,22 @@ class TrainerAgent:
             return await self._register(request)
 
     async def _register(self, request: RegisterAdapter) -> AdapterVersion:
-        async for attempt in AsyncRetrying(
-            stop=stop_after_delay(REGISTER_TIMEOUT_S),
-            wait=wait_exponential(multiplier=0.5, max=5),
-            retry=retry_if_exception_type((NoRespondersError, NatsTimeout, TimeoutError)),
-            reraise=True,
-        ):
-            with attempt:
-                response = await self.broker.request(
-                    request,
-                    self.subjects.registry("adapters.register"),
-                    timeout=10.0,
-                    headers=trace_headers(),  # the registry's spans join the job's trace
-                )
-        reply = Reply[AdapterVersion].model_validate_json(response.body)
-        if not reply.ok or reply.result is None:
-            raise RegistrationError(f"registry refused the adapter: {reply.error}")
-        return reply.result
+        registry = ServiceClient(
+            self.broker.connection, "registry", self.subjects.registry, timeout=10.0
+        )
+        try:
+            async for attempt in AsyncRetrying(
+                stop=stop_after_delay(REGISTER_TIMEOUT_S),
+                wait=wait_exponential(multiplier=0.5, max=5),
+                retry=retry_if_exception_type(Unavailable),
+                reraise=True,
+            ):
+                with attempt:
+                    # The request carries the current span: the registry's join the job's trace.
+                    return await registry.call("adapters.register", request, AdapterVersion)
+        except Refused as exc:
+            raise RegistrationError(f"registry refused the adapter: {exc.message}") from exc
+        raise AssertionError("unreachable: tenacity reraises the last error")
 
 
 def _ray_get(ref: Any) -> Any:
@@ -453,9 +744,16 @@ def _ray_get(ref: Any) -> Any:
     return ray.get(ref, timeout=30)
 
 
-def _drain(progress: Any, wait_s: float) -> list[dict[str, Any]]:
+def _shutdown_ray() -> None:
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+
+
+def _drain(progress: Queue, wait_s: float) -> list[reports.Report]:
     """Everything rank 0 has sent so far, waiting up to ``wait_s`` for the first item."""
-    items: list[dict[str, Any]] = []
+    items: list[reports.Report] = []
     try:
         items.append(progress.get(block=wait_s > 0, timeout=wait_s or None))
         while True:

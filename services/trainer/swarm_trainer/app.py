@@ -2,21 +2,31 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import logging
+from pathlib import Path
 
 from faststream import FastStream
 from faststream.nats import JStream, PullSub
 
-from swarm_common.broker import make_broker
-from swarm_common.envelope import CloudEvent
-from swarm_common.events import CancelRequest
-from swarm_common.prometheus import MetricsServer
-from swarm_common.registry import ExportAdapter, ExportResult, Reply
-from swarm_common.settings import Settings
-from swarm_common.tracing import setup_tracing, tracer_of
-from swarm_common.workers import Assignment
-from swarm_trainer.agent import SERVICE, TrainerAgent, readable
+from swarm_contracts.envelope import CloudEvent
+from swarm_contracts.events import CancelRequest
+from swarm_contracts.providers import read_credentials
+from swarm_contracts.registry import ExportAdapter, ExportResult
+from swarm_contracts.replies import Reply
+from swarm_contracts.workers import (
+    Assignment,
+    BenchmarkRequest,
+    ReleaseRequest,
+    WorkerBenchmark,
+)
+from swarm_runtime.broker import make_broker
+from swarm_runtime.prometheus import MetricsServer
+from swarm_runtime.rpc import ServiceClient, answer
+from swarm_runtime.settings import Settings
+from swarm_runtime.tracing import setup_tracing, tracer_of
+from swarm_trainer.agent import SERVICE, TrainerAgent
 from swarm_trainer.export import export_registered
 from swarm_trainer.metrics import TrainerMetrics
 
@@ -49,19 +59,39 @@ def build_app(settings: Settings) -> FastStream:
         # Returns as soon as the job is started: the ack must not wait for training.
         await agent.accept(event.data)
 
-    @broker.subscriber(subjects.cancel())
     async def on_cancel(event: CloudEvent[CancelRequest]) -> None:
         await agent.cancel(event.data)
 
-    # Any agent can merge: a queue group spreads export requests over them.
-    @broker.subscriber(subjects.trainer("export"), queue="trainer-export")
-    async def on_export(request: ExportAdapter) -> Reply[ExportResult]:
-        try:
-            result = await export_registered(broker, subjects, agent.store, request)
-        except Exception as exc:  # the caller gets the reason rather than a timeout
-            logging.getLogger("swarm.trainer").exception("export of %s failed", request)
-            return Reply[ExportResult](ok=False, error=readable(exc))
-        return Reply[ExportResult](ok=True, result=result)
+    # The scheduler passes each cancellation on to the worker holding the job (core NATS).
+    broker.subscriber(subjects.worker_cancel(agent.worker_id), no_reply=True)(on_cancel)
+    if agent.provider is None:
+        # The cluster's own trainers also hear every cancel as the client sent it, a moment
+        # sooner (a provider may not: job ids of other tenants' jobs are none of its business).
+        # no_reply: a cancellation is a JetStream publish, whose reply subject waits for the
+        # stream's ack; an (empty) answer from here would race it and break the publisher.
+        broker.subscriber(subjects.cancel(), no_reply=True)(on_cancel)
+
+    # The scheduler drains this worker (with move_jobs): core NATS, repeated while jobs remain.
+    @broker.subscriber(subjects.release(agent.worker_id), no_reply=True)
+    async def on_release(event: CloudEvent[ReleaseRequest]) -> None:
+        await agent.release(event.data)
+
+    # `swarm workers benchmark ID`: measure again (request/reply, from the gateway).
+    @broker.subscriber(subjects.benchmark(agent.worker_id))
+    async def on_benchmark(request: BenchmarkRequest) -> Reply[WorkerBenchmark]:
+        return await answer(Reply[WorkerBenchmark], agent.benchmark_requested(request))
+
+    store = agent.store
+    if agent.provider is None and store is not None:
+        # Any of the cluster's agents can merge (it writes the store): a queue group spreads
+        # export requests over them. A provider's agent is not asked, nor one without store
+        # keys (an export is no job's: nothing grants its keys).
+
+        async def on_export(request: ExportAdapter) -> Reply[ExportResult]:
+            registry = ServiceClient(broker.connection, "registry", subjects.registry, timeout=10.0)
+            return await answer(Reply[ExportResult], export_registered(registry, store, request))
+
+        broker.subscriber(subjects.trainer("export"), queue="trainer-export")(on_export)
 
     app = FastStream(
         broker,
@@ -76,7 +106,31 @@ def build_app(settings: Settings) -> FastStream:
     return app
 
 
-def main() -> None:
+def join_settings(settings: Settings, creds: Path, nats_url: str | None = None) -> Settings:
+    """A provider's agent: its join file's identity and NATS URL (``nats_url`` overrides it),
+    and, unless store keys or ``SWARM_STORE_ACCESS`` are given, no store keys at all: the
+    registry grants its jobs' keys one by one (docs/providers.md, *Store access*)."""
+    credentials = read_credentials(creds)
+    url = nats_url or credentials.nats_url or settings.nats_url
+    update: dict[str, object] = {"provider_creds_file": creds, "nats_url": url}
+    if "store_access" not in settings.model_fields_set and not settings.s3_access_key:
+        update["store_access"] = "signed"
+    return settings.model_copy(update=update)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``swarm-trainer``: the agent, configured from the environment (``SWARM_*``), or
+    ``swarm-trainer join --creds FILE [--nats URL]``: a provider's agent (docs/providers.md)."""
+    parser = argparse.ArgumentParser(prog="swarm-trainer", description=main.__doc__)
+    commands = parser.add_subparsers(dest="command")
+    join = commands.add_parser("join", help="join a Swarm as a provider")
+    join.add_argument(
+        "--creds", type=Path, required=True, help="the file `swarm providers add` wrote"
+    )
+    join.add_argument("--nats", help="the Swarm's NATS URL (default: the one in the file)")
+    args = parser.parse_args(argv)
     settings = Settings()
+    if args.command == "join":
+        settings = join_settings(settings, args.creds, args.nats)
     logging.basicConfig(level=settings.log_level, format="%(asctime)s %(name)s %(message)s")
     asyncio.run(build_app(settings).run())

@@ -1,7 +1,7 @@
 """What a checkpoint holds, written and read back without pickle.
 
-Rank 0 writes the adapter, the optimizer (safetensors + JSON), the LR schedule (JSON), the
-loop state (step, data position, eval history, best step) and the best adapter so far;
+Rank 0 writes the adapter, the optimizer (safetensors + JSON), the LR schedule (JSON) and the
+loop's ``TrainState`` (step, data position, evaluations as JSON; the best adapter so far);
 every rank writes its own RNG state. Ray Train copies every rank's files into one
 checkpoint directory and records it as committed only once all ranks have reported.
 """
@@ -11,15 +11,19 @@ from __future__ import annotations
 import json
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from peft import PeftModel, set_peft_model_state_dict
+from peft import PeftModel
 from safetensors.torch import load_file, save_file
 
-from swarm_common.store import NotFound, ObjectStore, join_key
+from swarm_contracts.layout import join_key, resume_key, run_key
+from swarm_runtime.store import NotFound, ObjectStore
+from swarm_trainer.sharding import REPLICATED, Sharding
+from swarm_trainer.train_state import TrainState
 
 ADAPTER_FILE = "adapter_model.safetensors"
 BEST_ADAPTER_FILE = "best_adapter.safetensors"
@@ -45,16 +49,36 @@ def checkpoint_dir_name(step: int) -> str:
     return f"checkpoint_{step:08d}"
 
 
-def save_adapter(model: PeftModel, directory: Path) -> None:
-    """PEFT layout: ``adapter_config.json`` + ``adapter_model.safetensors``, nothing else."""
-    model.save_pretrained(directory, safe_serialization=True)
-    # PEFT's model card names a temp dir of this worker: meaningless anywhere else.
+def save_adapter(
+    model: PeftModel,
+    directory: Path,
+    base_reference: str | None = None,
+    lora_state: dict[str, torch.Tensor] | None = None,
+) -> None:
+    """PEFT layout: ``adapter_config.json`` + ``adapter_model.safetensors``, nothing else.
+
+    ``lora_state``: the full LoRA weights under the model's parameter names, when the model's
+    own are shards (``Sharding.lora_state``); PEFT saves them as it would its own.
+
+    ``base_reference`` replaces ``base_model_name_or_path``, which PEFT fills with the local
+    directory the base model was loaded from (a temp dir of this worker, meaningless anywhere
+    else): the adapter names a base model a reader can resolve
+    (``swarm_contracts.jobs.base_model_reference``)."""
+    extra = {} if lora_state is None else {"state_dict": lora_state}
+    model.save_pretrained(directory, safe_serialization=True, **extra)
+    # PEFT's model card names the same temp dir.
     (directory / "README.md").unlink(missing_ok=True)
+    if base_reference is not None:
+        config_path = directory / "adapter_config.json"
+        config = json.loads(config_path.read_text())
+        config["base_model_name_or_path"] = base_reference
+        config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
-def save_optimizer(optimizer: torch.optim.Optimizer, directory: Path) -> None:
-    """Optimizer state as safetensors (tensors) + JSON (hyperparameters): no pickle anywhere."""
-    sd = optimizer.state_dict()
+def save_optimizer(sd: dict[str, Any], directory: Path) -> None:
+    """Optimizer state (``optimizer.state_dict()`` or the gathered one of a sharded model,
+    keyed by parameter name) as safetensors (tensors) + JSON (hyperparameters): no pickle
+    anywhere."""
     tensors = {
         f"{param_id}.{name}": value.detach().contiguous()
         for param_id, param_state in sd["state"].items()
@@ -64,64 +88,53 @@ def save_optimizer(optimizer: torch.optim.Optimizer, directory: Path) -> None:
     (directory / OPTIMIZER_GROUPS_FILE).write_text(json.dumps(sd["param_groups"]))
 
 
-def load_optimizer(optimizer: torch.optim.Optimizer, directory: Path) -> None:
-    state: dict[int, dict[str, torch.Tensor]] = {}
+def load_optimizer(directory: Path) -> dict[str, Any]:
+    state: dict[int | str, dict[str, torch.Tensor]] = {}
     for key, value in load_file(directory / OPTIMIZER_FILE).items():
-        param_id, name = key.split(".", 1)
-        state.setdefault(int(param_id), {})[name] = value
+        # A parameter's index, or its dotted name; the state's own names have no dot.
+        param, name = key.rsplit(".", 1)
+        state.setdefault(int(param) if param.isdigit() else param, {})[name] = value
     groups = json.loads((directory / OPTIMIZER_GROUPS_FILE).read_text())
-    optimizer.load_state_dict({"state": state, "param_groups": groups})
+    return {"state": state, "param_groups": groups}
 
 
 def save_checkpoint(
     directory: Path,
     model: PeftModel,
-    optimizer: torch.optim.Optimizer,
+    optimizer_state: dict[str, Any],
     scheduler: torch.optim.lr_scheduler.LRScheduler,
-    state: dict[str, Any],
-    best_adapter: dict[str, torch.Tensor] | None = None,
+    state: TrainState,
+    lora_state: dict[str, torch.Tensor] | None = None,
 ) -> None:
-    """Rank 0's share of a checkpoint (call ``save_rng`` on every rank as well)."""
-    save_adapter(model, directory)
-    save_optimizer(optimizer, directory)
+    """Rank 0's share of a checkpoint (call ``save_rng`` on every rank as well). The
+    optimizer's state and ``lora_state`` as ``Sharding`` gathered them (on every rank)."""
+    save_adapter(model, directory, lora_state=lora_state)
+    save_optimizer(optimizer_state, directory)
     # LambdaLR's state is counters and rates (its lambdas are not saved): plain JSON.
     (directory / SCHEDULER_FILE).write_text(json.dumps(scheduler.state_dict()))
-    (directory / STATE_FILE).write_text(json.dumps(state))
-    if best_adapter is not None:
-        save_file(best_adapter, directory / BEST_ADAPTER_FILE)
+    (directory / STATE_FILE).write_text(json.dumps(state.to_json()))
+    if state.best_weights is not None:
+        save_file(state.best_weights, directory / BEST_ADAPTER_FILE)
 
 
 def load_checkpoint(
     directory: Path,
-    model: PeftModel,
+    model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
-) -> dict[str, Any]:
+    sharding: Sharding = REPLICATED,
+) -> TrainState:
+    """Restore model, optimizer and schedule in place (on every rank: with ``fsdp`` each takes
+    its shards); the loop's state is returned. ``model`` is what the step runs."""
     # Safetensors and JSON only: a checkpoint from the store is never unpickled.
-    set_peft_model_state_dict(model, load_file(directory / ADAPTER_FILE))
-    load_optimizer(optimizer, directory)
+    sharding.set_adapter_weights(sharding.unwrap(model), load_file(directory / ADAPTER_FILE))
+    sharding.load_optimizer_state(model, optimizer, load_optimizer(directory))
     scheduler.load_state_dict(json.loads((directory / SCHEDULER_FILE).read_text()))
-    return json.loads((directory / STATE_FILE).read_text())
-
-
-def load_best_adapter(directory: Path) -> dict[str, torch.Tensor] | None:
-    path = directory / BEST_ADAPTER_FILE
-    return load_file(path) if path.exists() else None
-
-
-def run_name(attempt: int) -> str:
-    return f"attempt-{attempt}"
-
-
-def run_key(job_id: str, attempt: int) -> str:
-    """Ray Train run storage of one attempt. One run per attempt: an attempt that lost its lease
-    but wakes up (a frozen machine) can only checkpoint into, and prune, its own run."""
-    return join_key("checkpoints", job_id, run_name(attempt))
-
-
-def resume_key(job_id: str, attempt: int) -> str:
-    """This attempt's own copy of the checkpoint it starts from, which no other run prunes."""
-    return join_key("checkpoints", job_id, f"attempt-{attempt}-resume")
+    best = directory / BEST_ADAPTER_FILE
+    return TrainState.from_json(
+        json.loads((directory / STATE_FILE).read_text()),
+        best_weights=load_file(best) if best.exists() else None,
+    )
 
 
 @dataclass(frozen=True)
@@ -167,14 +180,20 @@ def committed_checkpoint_step(store: ObjectStore, job_id: str, attempt: int) -> 
 
 
 def wait_committed(
-    store: ObjectStore, job_id: str, attempt: int, step: int, timeout_s: float = 60.0
+    store: ObjectStore,
+    job_id: str,
+    attempt: int,
+    step: int,
+    timeout_s: float = 60.0,
+    give_up: Callable[[], bool] = lambda: False,
 ) -> bool:
     """Until ``attempt``'s run has committed a checkpoint at ``step`` or later. Ray registers a
     reported checkpoint asynchronously (its controller polls the workers), so ``report``
-    returning does not mean a new attempt could resume from it yet."""
+    returning does not mean a new attempt could resume from it yet. ``give_up``: asked between
+    polls; True ends the wait at once (the attempt is over, nobody needs the answer)."""
     deadline = time.monotonic() + timeout_s
     while committed_checkpoint_step(store, job_id, attempt) < step:
-        if time.monotonic() > deadline:
+        if time.monotonic() > deadline or give_up():
             return False
         time.sleep(0.1)
     return True

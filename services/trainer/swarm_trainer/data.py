@@ -8,10 +8,10 @@ Supported line formats (one JSON object per line):
 
 A micro-batch is either padded (rows padded to the longest example of the batch) or packed
 (the batch's examples laid end to end in as few rows as fit ``seq_len``, with ``position_ids``
-restarting at 0 for each example and no ``attention_mask``: transformers 5 then builds a
-block-diagonal causal mask from the positions (``masking_utils.find_packed_sequence_indices``,
-only when the model is called without a KV cache: ``use_cache=False``), so no example
-attends to another).
+restarting at 0 for each example, no ``attention_mask``, and each example's span as
+``cu_seq_lens_q/k`` over the flattened rows: the attention implementation (``attention``)
+keeps every example to itself, and the model must be called without a KV cache,
+``use_cache=False``, or transformers ignores packed positions).
 
 Everything is a pure function of the data and the seed, so that a resumed run sees exactly
 the batches the first attempt would have seen.
@@ -19,6 +19,7 @@ the batches the first attempt would have seen.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from collections.abc import Sequence
@@ -54,16 +55,43 @@ class Example:
 
 @dataclass(frozen=True)
 class Batch:
-    """Model inputs plus what the loop reports about them (never passed to the model)."""
+    """Model inputs plus what the loop reports about them (never passed to the model).
+
+    Counted on the host when collated, so that reading them never waits for the device."""
 
     inputs: dict[str, torch.Tensor]
     tokens: int  # real (non-pad) tokens: what tokens/s counts
     sources: list[int]
+    # Tokens the loss is taken on (the model predicts position i + 1 from i).
+    targets: int = 0
+    # Packed rows: the longest example, which varlen attention kernels take as a host int.
+    max_length: int | None = None
+    # One-row batches: the positions whose next token is a target, the only ones whose logits
+    # the loss needs (``step.causal_lm_loss``).
+    predicting: torch.Tensor | None = None
 
-    @property
-    def targets(self) -> int:
-        """Tokens the loss is taken on (the model predicts position i + 1 from i)."""
-        return int((self.inputs["labels"][:, 1:] != IGNORE_INDEX).sum())
+    def to(self, device: torch.device) -> Batch:
+        """The same batch on ``device``; to a GPU from pinned memory without blocking the host,
+        so the copy overlaps whatever the GPU is still doing."""
+        if device.type == "cpu" or self.inputs["input_ids"].device.type != "cpu":
+            return self
+
+        def send(t: torch.Tensor) -> torch.Tensor:
+            return t.pin_memory().to(device, non_blocking=True)
+
+        inputs = {k: send(v) for k, v in self.inputs.items()}
+        predicting = None if self.predicting is None else send(self.predicting)
+        return dataclasses.replace(self, inputs=inputs, predicting=predicting)
+
+    def model_inputs(self) -> dict[str, Any]:
+        """Keyword arguments for the model's forward."""
+        if self.max_length is None:
+            return dict(self.inputs)
+        return {**self.inputs, "max_length_q": self.max_length, "max_length_k": self.max_length}
+
+
+def count_targets(labels: torch.Tensor) -> int:
+    return int((labels[:, 1:] != IGNORE_INDEX).sum())
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -178,7 +206,8 @@ def collate(examples: Sequence[Example], pad_id: int) -> Batch:
         labels[row, :n] = torch.tensor(e.labels)
         attention_mask[row, :n] = 1
     inputs = {"input_ids": input_ids, "labels": labels, "attention_mask": attention_mask}
-    return Batch(inputs, int(attention_mask.sum()), [e.source for e in examples])
+    sources = [e.source for e in examples]
+    return Batch(inputs, int(attention_mask.sum()), sources, count_targets(labels))
 
 
 def pack_rows(examples: Sequence[Example], capacity: int) -> list[list[Example]]:
@@ -201,13 +230,15 @@ def collate_packed(examples: Sequence[Example], pad_id: int, capacity: int) -> B
     """Several examples per row, positions restarting per example, no attention mask.
 
     The tail padding of a row gets its own restarted positions, so it is one more segment
-    that attends only to itself and is never a target.
+    that attends only to itself and is never a target. ``cu_seq_lens`` are the segments'
+    bounds over the rows laid end to end (what varlen attention kernels take).
     """
     rows = pack_rows(examples, capacity)
     width = max(sum(len(e.input_ids) for e in row) for row in rows)
     input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     labels = torch.full((len(rows), width), IGNORE_INDEX, dtype=torch.long)
     position_ids = torch.zeros((len(rows), width), dtype=torch.long)
+    bounds = [0]
     for r, row in enumerate(rows):
         at = 0
         for e in row:
@@ -219,10 +250,23 @@ def collate_packed(examples: Sequence[Example], pad_id: int, capacity: int) -> B
             labels[r, at] = IGNORE_INDEX
             position_ids[r, at : at + n] = torch.arange(n)
             at += n
+            bounds.append(r * width + at)
         position_ids[r, at:] = torch.arange(width - at)
-    inputs = {"input_ids": input_ids, "labels": labels, "position_ids": position_ids}
+        if at < width:
+            bounds.append((r + 1) * width)
+    cu_seq_lens = torch.tensor(bounds, dtype=torch.int32)
+    inputs = {
+        "input_ids": input_ids,
+        "labels": labels,
+        "position_ids": position_ids,
+        "cu_seq_lens_q": cu_seq_lens,
+        "cu_seq_lens_k": cu_seq_lens,
+    }
     tokens = sum(len(e.input_ids) for e in examples)
-    return Batch(inputs, tokens, [e.source for row in rows for e in row])
+    sources = [e.source for row in rows for e in row]
+    longest = int(cu_seq_lens.diff().max())
+    predicting = (labels[0, 1:] != IGNORE_INDEX).nonzero().flatten() if len(rows) == 1 else None
+    return Batch(inputs, tokens, sources, count_targets(labels), longest, predicting)
 
 
 class BatchSampler:
@@ -266,6 +310,30 @@ class BatchSampler:
         if self.pack_to is not None:
             return collate_packed(chosen, self.pad_id, self.pack_to)
         return collate(chosen, self.pad_id)
+
+
+class StepBatches:
+    """Each step's micro-batches on the device, the next step's prepared ahead: collated and
+    on their way to the GPU while it still runs the step before."""
+
+    def __init__(self, sampler: BatchSampler, per_step: int, device: torch.device):
+        self.sampler = sampler
+        self.per_step = per_step
+        self.device = device
+        self._ahead: tuple[int, list[Batch]] | None = None
+
+    def take(self, index: int) -> list[Batch]:
+        """The micro-batches from ``index`` on (prepared ahead if ``prefetch`` was told)."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and ahead[0] == index:
+            return ahead[1]
+        return self._load(index)
+
+    def prefetch(self, index: int) -> None:
+        self._ahead = (index, self._load(index))
+
+    def _load(self, index: int) -> list[Batch]:
+        return [self.sampler.batch(index + m).to(self.device) for m in range(self.per_step)]
 
 
 def eval_batches(examples: Sequence[Example], batch_size: int, pad_id: int) -> list[Batch]:

@@ -10,30 +10,21 @@ import asyncio
 import shutil
 import tempfile
 from pathlib import Path
-from typing import TypeVar
 
-from faststream.nats import NatsBroker
 from peft import PeftModel
-from pydantic import BaseModel
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from swarm_common.registry import (
+from swarm_contracts.layout import EXPORT_MANIFEST, export_prefix, join_key
+from swarm_contracts.registry import (
     AdapterVersion,
     ExportAdapter,
     ExportResult,
     GetAdapter,
     GetModel,
     ModelVersion,
-    Reply,
 )
-from swarm_common.store import ObjectStore, join_key
-from swarm_common.subjects import Subjects
-
-T = TypeVar("T", bound=BaseModel)
-
-
-def export_key(tenant: str, name: str, version: int) -> str:
-    return join_key("exports", tenant, name, str(version))
+from swarm_runtime.rpc import Refused, ServiceClient
+from swarm_runtime.store import ObjectStore
 
 
 def merge_adapter(base_dir: Path, adapter_dir: Path, out_dir: Path) -> Path:
@@ -60,28 +51,20 @@ def export_merged(store: ObjectStore, base_key: str, adapter_key: str, out_key: 
         shutil.rmtree(work, ignore_errors=True)
 
 
-async def ask_registry(broker: NatsBroker, subject: str, request: BaseModel, result: type[T]) -> T:
-    response = await broker.request(request, subject, timeout=10.0)
-    reply = Reply[result].model_validate_json(response.body)  # type: ignore[valid-type]
-    if not reply.ok or reply.result is None:
-        raise LookupError(reply.error or "not found")
-    return reply.result
-
-
 async def export_registered(
-    broker: NatsBroker, subjects: Subjects, store: ObjectStore, request: ExportAdapter
+    registry: ServiceClient, store: ObjectStore, request: ExportAdapter
 ) -> ExportResult:
-    """Merge a registered adapter (checked against its recorded digests) into its base model."""
-    adapter = await ask_registry(
-        broker,
-        subjects.registry("adapters.get"),
+    """Merge a registered adapter (checked against its recorded digests) into its base model.
+
+    The registry's refusals (an unknown adapter: ``not_found``) reach the caller unchanged."""
+    adapter = await registry.call(
+        "adapters.get",
         GetAdapter(name=request.name, version=request.version, tenant=request.tenant),
         AdapterVersion,
     )
     lineage = adapter.lineage
-    model = await ask_registry(
-        broker,
-        subjects.registry("models.get"),
+    model = await registry.call(
+        "models.get",
         GetModel(name=lineage.base_model, version=lineage.base_model_version),
         ModelVersion,
     )
@@ -89,12 +72,19 @@ async def export_registered(
     stored = await asyncio.to_thread(store.file_digests, adapter.store_key)
     bad = sorted(n for n, sha in adapter.files.items() if stored.get(n) != sha)
     if bad:
-        raise ValueError(f"adapter files do not match their registered sha256: {', '.join(bad)}")
-    key = export_key(adapter.tenant, adapter.name, adapter.version)
+        raise Refused(
+            f"adapter files do not match their registered sha256: {', '.join(bad)}", "internal"
+        )
+    key = export_prefix(adapter.tenant, adapter.name, adapter.version)
+    manifest = join_key(key, EXPORT_MANIFEST)
+    # A re-export: the old manifest goes first, so no download pairs it with new files.
+    await asyncio.to_thread(store.delete, manifest)
     await asyncio.to_thread(export_merged, store, model.store_key, adapter.store_key, key)
-    return ExportResult(
+    result = ExportResult(
         store_key=key,
         files=await asyncio.to_thread(store.file_digests, key),
         adapter=f"{adapter.name}@{adapter.version}",
         base_model=f"{model.name}@{model.version}",
     )
+    await asyncio.to_thread(store.put_bytes, manifest, result.model_dump_json().encode())
+    return result

@@ -7,7 +7,7 @@ import logging
 
 from nats.js import JetStreamContext
 
-from swarm_common.subjects import Subjects
+from swarm_contracts.subjects import Subjects
 
 log = logging.getLogger(__name__)
 READ_TIMEOUT_S = 2.0

@@ -2,11 +2,12 @@
 
 Training runs in Ray worker processes, which export nothing; rank 0 stamps each report with
 its wall-clock time (``at``) and how long the work took (``step_s``, ``eval_s``, ``upload_s``,
-``save_s``, see ``recipe.Reporter``), and the agent turns those into spans with the worker's
-own start and end times. So the phases are measured where they ran, and exported from here:
+``save_s``, see ``swarm_trainer.reports``), and the agent turns those into spans with the
+worker's own start and end times. So the phases are measured where they ran, and exported from here:
 
     trainer.job                 (child of the scheduler's placement span)
-      trainer.setup             agent start .. rank 0 ready (Ray workers, model, data, resume)
+      trainer.setup             agent start .. rank 0 ready (Ray workers, model, data, resume;
+                                swarm.cached: what came from the worker's cache)
       trainer.train             rank 0 ready .. last step
         trainer.validate        each evaluation
         trainer.checkpoint_upload   each checkpoint written and committed through Ray
@@ -20,16 +21,15 @@ emits are recorded on it (``note_event``) and the registration is its child.
 
 from __future__ import annotations
 
-import time
 from types import TracebackType
-from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.trace import Span, Status, StatusCode, Tracer
 
-from swarm_common.events import JobEvent
-from swarm_common.tracing import context_from
-from swarm_common.workers import Assignment
+from swarm_contracts.events import JobEvent
+from swarm_contracts.workers import Assignment
+from swarm_runtime.tracing import context_from
+from swarm_trainer.reports import CheckpointReported, Finished, Report, Started, Validated
 
 
 def _ns(seconds: float) -> int:
@@ -59,10 +59,13 @@ class JobTrace:
             name, context=context, start_time=_ns(start) if start is not None else None
         )
 
-    def _done(self, name: str, at: float, took: Any, parent: Span | None, **attrs: Any) -> None:
-        took = float(took) if isinstance(took, int | float) else 0.0
+    def _done(
+        self, name: str, at: float, took: float, parent: Span | None, step: int | None = None
+    ) -> None:
+        """A span that ended at ``at`` after ``took`` seconds."""
         span = self._child(name, parent, start=at - took)
-        span.set_attributes(attrs)
+        if step is not None:
+            span.set_attribute("swarm.step", step)
         span.end(end_time=_ns(at))
 
     def __enter__(self) -> JobTrace:
@@ -82,31 +85,31 @@ class JobTrace:
                 span.end()
         self.job.end()
 
-    def observe(self, m: dict[str, Any]) -> None:
+    def observe(self, report: Report) -> None:
         """A report from rank 0, stamped with its time there."""
-        kind = m.get("kind")
-        at = float(m["at"]) if isinstance(m.get("at"), int | float) else time.time()
-        if kind == "started":
-            if self.setup is not None:
-                self.setup.set_attribute("swarm.resumed_from_step", m.get("resumed_from_step", 0))
-                self.setup.end(end_time=_ns(at))
-                self.setup = None
-            if self.train is None:
-                self.train = self._child("trainer.train", start=at)
-        elif kind == "validated":
-            step = m.get("step", 0)
-            self._done("trainer.validate", at, m.get("eval_s"), self.train, **{"swarm.step": step})
-        elif kind == "checkpoint":
-            step = m.get("step", 0)
-            name = "trainer.checkpoint_upload"
-            self._done(name, at, m.get("upload_s"), self.train, **{"swarm.step": step})
-        elif kind == "finished":
-            save_s = m.get("save_s") if isinstance(m.get("save_s"), int | float) else 0.0
-            if self.train is not None:
-                self.train.set_attribute("swarm.steps", m.get("step", 0))
-                self.train.end(end_time=_ns(at - save_s))
-                self.train = None
-            self._done("trainer.save", at, save_s, None)
+        at = report.at
+        match report:
+            case Started():
+                if self.setup is not None:
+                    self.setup.set_attribute("swarm.resumed_from_step", report.resumed_from_step)
+                    # Base model and data: from the worker's cache (these) or the store.
+                    self.setup.set_attribute("swarm.cached", list(report.cached))
+                    self.setup.set_attribute("swarm.fetch_s", report.fetch_s)
+                    self.setup.end(end_time=_ns(at))
+                    self.setup = None
+                if self.train is None:
+                    self.train = self._child("trainer.train", start=at)
+            case Validated():
+                self._done("trainer.validate", at, report.eval_s, self.train, report.step)
+            case CheckpointReported():
+                name = "trainer.checkpoint_upload"
+                self._done(name, at, report.upload_s, self.train, report.step)
+            case Finished():
+                if self.train is not None:
+                    self.train.set_attribute("swarm.steps", report.step)
+                    self.train.end(end_time=_ns(at - report.save_s))
+                    self.train = None
+                self._done("trainer.save", at, report.save_s, None)
 
 
 def note_event(event: JobEvent) -> None:

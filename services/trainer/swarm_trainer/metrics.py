@@ -13,8 +13,9 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from swarm_common.events import JobEvent
-from swarm_common.prometheus import nats_metrics_middleware
+from swarm_contracts.events import JobEvent
+from swarm_runtime.prometheus import nats_metrics_middleware
+from swarm_trainer.reports import CheckpointReported, Progress, Report
 
 log = logging.getLogger("swarm.trainer")
 
@@ -28,7 +29,7 @@ def _nvml() -> Any | None:
     NVML reads utilization and memory without a CUDA context in this process, which
     ``torch.cuda`` would create (and hold hundreds of MB of GPU memory for)."""
     try:
-        import pynvml
+        import pynvml  # type: ignore[import-not-found]
 
         pynvml.nvmlInit()
         return pynvml
@@ -69,6 +70,7 @@ class _MachineCollector(Collector):
 
     def _gpus(self) -> Iterator[GaugeMetricFamily]:
         nvml = self.nvml
+        assert nvml is not None
         util = GaugeMetricFamily(
             "swarm_trainer_gpu_utilization_ratio", "GPU utilization (0 to 1)", labels=["gpu"]
         )
@@ -121,16 +123,15 @@ class TrainerMetrics:
         )
         self.messages = nats_metrics_middleware(self.registry, "trainer")
 
-    def observe(self, job_id: str, m: dict[str, Any]) -> None:
-        """A message from rank 0 (see ``recipe.Reporter``)."""
-        kind = m.get("kind")
-        if kind == "progress":
-            self.steps.inc()
-            if isinstance(m.get("step_s"), int | float):
-                self.step_time.observe(m["step_s"])
-            self._throughput[job_id] = float(m.get("tokens_per_s") or 0.0)
-        elif kind == "checkpoint":
-            self.checkpoints.inc()
+    def observe(self, job_id: str, report: Report) -> None:
+        """A report from rank 0 (see ``swarm_trainer.reports``)."""
+        match report:
+            case Progress():
+                self.steps.inc()
+                self.step_time.observe(report.step_s)
+                self._throughput[job_id] = report.tokens_per_s
+            case CheckpointReported():
+                self.checkpoints.inc()
 
     def event(self, event: JobEvent) -> None:
         if event.event in TERMINAL:

@@ -12,8 +12,9 @@ from pathlib import Path
 from peft import LoraConfig, PeftModel
 from transformers import PreTrainedModel
 
-from swarm_common.jobs import ParentAdapter
-from swarm_common.store import ObjectStore, join_key, sha256_file
+from swarm_contracts.jobs import ParentAdapter
+from swarm_contracts.layout import join_key
+from swarm_runtime.store import ObjectStore, sha256_file
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"

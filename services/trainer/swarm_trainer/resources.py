@@ -7,7 +7,7 @@ import os
 import psutil
 import torch
 
-from swarm_common.workers import Gpu, Resources
+from swarm_contracts.workers import Gpu, Resources
 
 
 def detect_cpus(override: int | None = None) -> int:

@@ -17,6 +17,12 @@ import torch
 from safetensors.torch import load_file, save_file
 
 
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
 def rng_files(rank: int) -> tuple[str, str]:
     # Per rank: each rank draws its own dropout masks, so each resumes its own stream.
     return f"rng_rank{rank}.safetensors", f"rng_rank{rank}.json"
@@ -28,7 +34,7 @@ def capture_rng() -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         for i in range(torch.cuda.device_count()):
             tensors[f"torch_cuda_{i}"] = torch.cuda.get_rng_state(i)
     kind, keys, pos, has_gauss, cached = np.random.get_state()
-    tensors["numpy_keys"] = torch.from_numpy(keys.astype(np.int64))
+    tensors["numpy_keys"] = torch.from_numpy(np.asarray(keys).astype(np.int64))
     version, internal, gauss_next = random.getstate()
     meta = {
         "python": {"version": version, "state": list(internal), "gauss_next": gauss_next},

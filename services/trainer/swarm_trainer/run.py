@@ -2,27 +2,38 @@
 
 from __future__ import annotations
 
-import json
+import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ray.train import Checkpoint, CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
+from ray.util.queue import Queue
 
-from swarm_common.settings import Settings
-from swarm_common.store import NotFound, ObjectStore, join_key
-from swarm_common.workers import Assignment
+from swarm_contracts.layout import (
+    job_checkpoints,
+    join_key,
+    output_adapter,
+    output_result,
+    run_key,
+    run_name,
+)
+from swarm_contracts.workers import Assignment
+from swarm_runtime.settings import Settings
+from swarm_runtime.store import NotFound, ObjectStore
+from swarm_trainer.cache import CacheSettings
 from swarm_trainer.checkpoint import (
     ResumePoint,
     committed_checkpoint_step,
     prepare_resume,
-    run_key,
-    run_name,
     wait_committed,
 )
+from swarm_trainer.hooks import LoopHooks
+from swarm_trainer.loop_config import LoopConfig, StoreConnection
 from swarm_trainer.parent_adapter import missing_parent_files
-from swarm_trainer.recipe import RESULT_FILE, output_prefix, train_loop
+from swarm_trainer.recipe import train_loop
+from swarm_trainer.train_state import TrainMetrics
 
 __all__ = ["committed_checkpoint_step", "prepare_resume", "run_job", "wait_committed"]
 
@@ -30,6 +41,8 @@ __all__ = ["committed_checkpoint_step", "prepare_resume", "run_job", "wait_commi
 # Ray restarts a crashed training worker this many times, resuming from the last
 # checkpoint, before the attempt fails (the scheduler's requeue covers a lost machine).
 DEFAULT_MAX_FAILURES = 1
+# Attention implementations that only run on a GPU (see ``swarm_trainer.attention``).
+GPU_ATTENTION = ("flash_attention_2", "flex_attention")
 
 
 class PreflightError(ValueError):
@@ -39,7 +52,7 @@ class PreflightError(ValueError):
 @dataclass(frozen=True)
 class RunResult:
     adapter_key: str
-    metrics: dict[str, Any]
+    metrics: TrainMetrics
 
 
 def checkpoint_key(job_id: str, attempt: int, dir_name: str) -> str:
@@ -66,36 +79,57 @@ def preflight(job: Assignment, store: ObjectStore) -> None:
         raise PreflightError(
             f"from_adapter {job.parent.ref}: {', '.join(missing)} missing in the store"
         )
+    preflight_compute(job)
+
+
+def preflight_compute(job: Assignment) -> None:
+    """What the spec asks of the workers' hardware and libraries."""
     resources = job.spec.resources
     if resources.gpus_per_worker == 0 and job.spec.training.precision == "bf16":
         # Honest failure beats silently training in another precision than asked.
         raise PreflightError("precision bf16 needs GPUs (resources.gpus_per_worker > 0)")
-
-
-def store_config(settings: Settings) -> dict[str, Any]:
-    secret = settings.s3_secret_key.get_secret_value() if settings.s3_secret_key else None
-    return {
-        "url": settings.store_url,
-        "access_key": settings.s3_access_key,
-        "secret_key": secret,
-        "region": settings.s3_region,
-    }
+    training = job.spec.training
+    if resources.gpus_per_worker == 0 and training.attention in GPU_ATTENTION:
+        raise PreflightError(
+            f"training.attention {training.attention} needs GPUs (resources.gpus_per_worker > 0)"
+        )
+    if resources.gpus_per_worker == 0 and training.liger == "on":
+        raise PreflightError("training.liger on needs GPUs (resources.gpus_per_worker > 0)")
+    if resources.strategy == "fsdp" and job.spec.lora.quantize is not None:
+        # FSDP2 shards plain tensors; bitsandbytes' packed 4-bit weights are not.
+        raise PreflightError(
+            f"resources.strategy fsdp cannot shard a lora.quantize {job.spec.lora.quantize} "
+            "base: use strategy ddp (QLoRA already fits large bases on one GPU)"
+        )
+    if job.spec.lora.quantize is not None:
+        if resources.gpus_per_worker == 0:
+            raise PreflightError(
+                f"lora.quantize {job.spec.lora.quantize} needs GPUs (resources.gpus_per_worker > 0)"
+            )
+        # The agent runs in the Ray workers' environment: without bitsandbytes here, no
+        # worker has it (CUDA itself is checked on the worker, where the GPU is).
+        if importlib.util.find_spec("bitsandbytes") is None:
+            raise PreflightError(
+                f"lora.quantize {job.spec.lora.quantize} needs bitsandbytes on the worker "
+                "(pip install 'swarm-trainer[qlora]')"
+            )
 
 
 def run_job(
     job: Assignment,
     settings: Settings,
     store: ObjectStore,
-    progress: Any | None = None,
-    control: Any | None = None,
+    progress: Queue | None = None,
+    control: Any = None,
     max_failures: int = DEFAULT_MAX_FAILURES,
-    hooks: dict[str, Any] | None = None,
+    hooks: LoopHooks | None = None,
     resume: ResumePoint | None = None,
 ) -> RunResult | None:
     """Train ``job`` to the end; None when it was cancelled (``control`` said so).
 
-    ``resume``: what ``prepare_resume`` answered for this attempt (looked up when not given).
-    ``hooks`` is test-only instrumentation for the loop (see ``recipe.crash_hook``)."""
+    ``progress`` and ``control``: the channels of ``control.make_channels``. ``resume``: what
+    ``prepare_resume`` answered for this attempt (looked up when not given). ``hooks``: test
+    instrumentation for the loop (see ``swarm_trainer.hooks``)."""
     preflight(job, store)
     resources = job.spec.resources
     if resume is None:
@@ -106,20 +140,22 @@ def run_job(
         # its config when its own run has no checkpoint yet (a retry resumes from the latter).
         path, fs = store.ray_storage(resume.key)
         resume_from = Checkpoint(path=path, filesystem=fs)
-    storage_path, storage_fs = store.ray_storage(join_key("checkpoints", job.job_id))
+    storage_path, storage_fs = store.ray_storage(job_checkpoints(job.job_id))
     work_dir = Path(settings.work_dir).resolve()
     work_dir.mkdir(parents=True, exist_ok=True)
+    config = LoopConfig(
+        assignment=job,
+        store=StoreConnection.of(settings, store),
+        work_dir=work_dir,
+        cache=CacheSettings.of(settings),
+        resume_from=resume_from,
+        progress=progress,
+        control=control,
+        hooks=hooks or LoopHooks(),
+    )
     trainer = TorchTrainer(
         train_loop,
-        train_loop_config={
-            "assignment": job.model_dump(mode="json"),
-            "store": store_config(settings),
-            "progress": progress,
-            "control": control,
-            "work_dir": str(work_dir),
-            "hooks": hooks or {},
-            "resume_from": resume_from,
-        },
+        train_loop_config=config.for_ray(),
         scaling_config=ScalingConfig(
             num_workers=resources.workers,
             use_gpu=resources.gpus_per_worker > 0,
@@ -129,7 +165,7 @@ def run_job(
             },
         ),
         run_config=RunConfig(
-            # One run per attempt (see checkpoint.run_key); Ray's own retries within it
+            # One run per attempt (see layout.run_key); Ray's own retries within it
             # resume from its latest checkpoint.
             name=run_name(job.attempt),
             storage_path=storage_path,
@@ -139,10 +175,11 @@ def run_job(
         ),
     )
     trainer.fit()
-    prefix = output_prefix(job.job_id, job.attempt)
     try:
-        metrics = json.loads(store.get_bytes(join_key(prefix, RESULT_FILE)))
+        metrics = TrainMetrics.model_validate_json(
+            store.get_bytes(output_result(job.job_id, job.attempt))
+        )
     except NotFound:
         # The loop only returns without a result when it stopped for a cancel.
         return None
-    return RunResult(adapter_key=join_key(prefix, "adapter"), metrics=metrics)
+    return RunResult(adapter_key=output_adapter(job.job_id, job.attempt), metrics=metrics)

@@ -7,20 +7,17 @@ version as unknown: a 404 here, the same as a version that does not exist.
 from __future__ import annotations
 
 import asyncio
-import shutil
-import tarfile
-import tempfile
-from pathlib import Path
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Query, status
 from fastapi import Path as PathParam
 from fastapi.responses import FileResponse
-from pydantic import BaseModel, ConfigDict, Field
-from starlette.background import BackgroundTask
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from swarm_common.jobs import MODEL_REF_PATTERN, NAME_PATTERN
-from swarm_common.registry import (
+from swarm_contracts.jobs import MODEL_REF_PATTERN, NAME_PATTERN
+from swarm_contracts.layout import EXPORT_MANIFEST, export_prefix, join_key
+from swarm_contracts.names import METRIC_PATTERN
+from swarm_contracts.registry import (
     AdapterKey,
     AdapterVersion,
     AliasTarget,
@@ -32,10 +29,9 @@ from swarm_common.registry import (
     PromotionRule,
     SetAlias,
 )
-from swarm_common.store import NotFound, ObjectStore, join_key, sha256_file, validate_key
 from swarm_gateway.auth import Tenant
-from swarm_gateway.nats_api import call
 from swarm_gateway.state import Gateway, get_gateway
+from swarm_gateway.verified_tar import verified_tar
 
 router = APIRouter(prefix="/v1/adapters", tags=["adapters"])
 GW = Annotated[Gateway, Depends(get_gateway)]
@@ -56,12 +52,8 @@ class AliasMove(BaseModel):
 
 class RuleBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    metric: str = Field(default="eval_loss", min_length=1)
+    metric: str = Field(default="eval_loss", pattern=METRIC_PATTERN)
     mode: Literal["min", "max"] = "min"
-
-
-def _registry(gw: Gateway, action: str) -> str:
-    return gw.subjects.registry(action)
 
 
 @router.get("", response_model=AdapterList)
@@ -72,20 +64,13 @@ async def list_adapters(
     base_model: Annotated[str | None, Query(pattern=MODEL_REF_PATTERN)] = None,
 ) -> AdapterList:
     request = ListAdapters(name=name, tenant=tenant, base_model=base_model)
-    adapters = await call(
-        gw, "registry", _registry(gw, "adapters.list"), request, list[AdapterVersion]
-    )
+    adapters = await gw.registry.call("adapters.list", request, list[AdapterVersion])
     return AdapterList(data=[a for a in adapters if a.tenant == tenant])
 
 
 async def _get(gw: Gateway, tenant: str, name: str, version: int | None) -> AdapterVersion:
-    return await call(
-        gw,
-        "registry",
-        _registry(gw, "adapters.get"),
-        GetAdapter(name=name, version=version, tenant=tenant),
-        AdapterVersion,
-    )
+    request = GetAdapter(name=name, version=version, tenant=tenant)
+    return await gw.registry.call("adapters.get", request, AdapterVersion)
 
 
 @router.get("/{name}", response_model=AdapterVersion)
@@ -105,44 +90,22 @@ async def delete_adapter_version(
     name: AdapterName, version: VersionNumber, gw: GW, tenant: Tenant
 ) -> AdapterVersion:
     """Delete a version's record and files; 409 while an alias points at it."""
-    try:
-        return await call(
-            gw,
-            "registry",
-            _registry(gw, "adapters.delete"),
-            AdapterKey(name=name, version=version, tenant=tenant),
-            AdapterVersion,
-        )
-    except HTTPException as exc:
-        if exc.status_code == status.HTTP_422_UNPROCESSABLE_CONTENT and "held by alias" in str(
-            exc.detail
-        ):
-            raise HTTPException(status.HTTP_409_CONFLICT, detail=exc.detail) from exc
-        raise
+    request = AdapterKey(name=name, version=version, tenant=tenant)
+    return await gw.registry.call("adapters.delete", request, AdapterVersion)
 
 
 @router.get("/{name}/versions/{version}/lineage", response_model=LineageGraph)
 async def get_lineage(
     name: AdapterName, version: VersionNumber, gw: GW, tenant: Tenant
 ) -> LineageGraph:
-    return await call(
-        gw,
-        "registry",
-        _registry(gw, "adapters.lineage"),
-        AdapterKey(name=name, version=version, tenant=tenant),
-        LineageGraph,
-    )
+    request = AdapterKey(name=name, version=version, tenant=tenant)
+    return await gw.registry.call("adapters.lineage", request, LineageGraph)
 
 
 @router.get("/{name}/aliases/{alias}", response_model=AdapterVersion)
 async def get_alias(name: AdapterName, alias: AliasName, gw: GW, tenant: Tenant) -> AdapterVersion:
-    return await call(
-        gw,
-        "registry",
-        _registry(gw, "adapters.get"),
-        GetAdapter(name=name, alias=alias, tenant=tenant),
-        AdapterVersion,
-    )
+    request = GetAdapter(name=name, alias=alias, tenant=tenant)
+    return await gw.registry.call("adapters.get", request, AdapterVersion)
 
 
 @router.put("/{name}/aliases/{alias}", response_model=AliasTarget)
@@ -151,7 +114,7 @@ async def set_alias(
 ) -> AliasTarget:
     """Point (or move) an alias at one of the caller's versions, atomically."""
     request = SetAlias(name=name, alias=alias, version=body.version, tenant=tenant)
-    return await call(gw, "registry", _registry(gw, "adapters.alias.set"), request, AliasTarget)
+    return await gw.registry.call("adapters.alias.set", request, AliasTarget)
 
 
 @router.put("/{name}/rules/{alias}", response_model=PromotionRule)
@@ -160,7 +123,7 @@ async def set_rule(
 ) -> PromotionRule:
     """Move ``alias`` to every new version whose ``metric`` beats the current holder's."""
     rule = PromotionRule(name=name, alias=alias, metric=body.metric, mode=body.mode, tenant=tenant)
-    return await call(gw, "registry", _registry(gw, "adapters.rule.set"), rule, PromotionRule)
+    return await gw.registry.call("adapters.rule.set", rule, PromotionRule)
 
 
 @router.get(
@@ -174,54 +137,13 @@ async def set_rule(
 async def download(
     name: AdapterName, version: VersionNumber, gw: GW, tenant: Tenant
 ) -> FileResponse:
-    """A tar of the version's PEFT files (flat: ``adapter_config.json``, …).
-
-    Each file is copied out of the store and hashed *before* the response starts, and the tar
-    is built from those verified copies, so bytes that do not match the recorded sha256 are
-    never sent. A mismatch or a missing file is a 502 naming the file: the fault is in the
-    store behind the gateway, not in the request.
-    """
+    """A tar of the version's PEFT files (flat: ``adapter_config.json``, …), every file
+    checked against its sha256 before anything is sent (``swarm_gateway.verified_tar``)."""
     record = await _get(gw, tenant, name, version)
-    work = Path(tempfile.mkdtemp(prefix="swarm-download-"))
-    try:
-        bad = await asyncio.to_thread(_fetch_verified, gw.store, record, work)
-        if bad:
-            raise HTTPException(
-                status.HTTP_502_BAD_GATEWAY,
-                detail=f"adapter {name!r} version {version} is corrupted in the store: "
-                f"{'; '.join(bad)}; not served",
-            )
-    except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
-        raise
-    return FileResponse(
-        work / "adapter.tar",
-        media_type="application/x-tar",
-        filename=f"{name}-v{version}.tar",
-        background=BackgroundTask(shutil.rmtree, work, ignore_errors=True),
+    what = f"adapter {name!r} version {version}"
+    return await verified_tar(
+        gw.store, record.store_key, record.files, what, f"{name}-v{version}.tar"
     )
-
-
-def _fetch_verified(store: ObjectStore, record: AdapterVersion, work: Path) -> list[str]:
-    """Copy and check every file; on success write ``work/adapter.tar``. Returns the problems,
-    one per bad file (sync: call it in a thread)."""
-    files = work / "files"
-    bad = []
-    for rel, expected in sorted(record.files.items()):
-        local = files / validate_key(rel)
-        try:
-            store.get_file(join_key(record.store_key, rel), local)
-        except NotFound:
-            bad.append(f"{rel} is missing")
-            continue
-        actual = sha256_file(local)
-        if actual != expected:
-            bad.append(f"{rel} has sha256 {actual}, expected {expected}")
-    if not bad:
-        with tarfile.open(work / "adapter.tar", "w") as tar:
-            for rel in sorted(record.files):
-                tar.add(files / rel, arcname=rel, recursive=False)
-    return bad
 
 
 # Merging loads the base model: far slower than a registry lookup.
@@ -236,11 +158,38 @@ async def export_adapter(
 
     Done by any trainer agent (they have torch); 503 when none is running.
     """
-    return await call(
-        gw,
-        "trainer",
-        gw.subjects.trainer("export"),
-        ExportAdapter(name=name, version=version, tenant=tenant),
-        ExportResult,
-        timeout=EXPORT_TIMEOUT_S,
-    )
+    request = ExportAdapter(name=name, version=version, tenant=tenant)
+    return await gw.trainer.call("export", request, ExportResult, wait_s=EXPORT_TIMEOUT_S)
+
+
+@router.get(
+    "/{name}/versions/{version}/export/download",
+    response_class=FileResponse,
+    responses={
+        200: {"content": {"application/x-tar": {}}, "description": "the merged model, as a tar"},
+        404: {"description": "no such adapter version, or it was not exported yet"},
+        502: {"description": "a stored file does not match the export's sha256; nothing sent"},
+    },
+)
+async def download_export(
+    name: AdapterName, version: VersionNumber, gw: GW, tenant: Tenant
+) -> FileResponse:
+    """A tar of the merged model (``from_pretrained`` files) made by ``POST …/export``, each
+    file checked against the sha256 the export recorded."""
+    record = await _get(gw, tenant, name, version)  # 404 for another tenant's
+    key = export_prefix(record.tenant, record.name, record.version)
+    manifest_key = join_key(key, EXPORT_MANIFEST)
+    if not await asyncio.to_thread(gw.store.exists, manifest_key):
+        raise HTTPException(
+            status.HTTP_404_NOT_FOUND,
+            detail=f"adapter {name!r} version {version} is not exported: POST its /export first",
+        )
+    raw = await asyncio.to_thread(gw.store.get_bytes, manifest_key)
+    try:
+        export = ExportResult.model_validate_json(raw)
+    except ValidationError as exc:
+        raise HTTPException(
+            status.HTTP_502_BAD_GATEWAY, detail=f"the export's manifest is unreadable: {exc}"
+        ) from exc
+    what = f"the export of adapter {name!r} version {version}"
+    return await verified_tar(gw.store, key, export.files, what, f"{name}-v{version}-merged.tar")

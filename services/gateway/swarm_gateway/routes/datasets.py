@@ -18,14 +18,14 @@ from fastapi import (
     UploadFile,
     status,
 )
-from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
-from swarm_common.datasets import DatasetInfo, dataset_id_for, dataset_store_key
-from swarm_common.jobs import MODEL_REF_PATTERN
-from swarm_common.records import Conflict
-from swarm_common.registry import GetModel, ModelVersion
-from swarm_common.store import join_key
+from swarm_contracts.datasets import DatasetInfo, dataset_id_for
+from swarm_contracts.jobs import MODEL_REF_PATTERN
+from swarm_contracts.layout import dataset_key, join_key
+from swarm_contracts.names import check_label, label_from_filename
+from swarm_contracts.refs import Ref
+from swarm_contracts.registry import GetModel, ModelVersion
 from swarm_gateway.auth import Tenant
 from swarm_gateway.dataset_stats import (
     DatasetStats,
@@ -35,9 +35,10 @@ from swarm_gateway.dataset_stats import (
 )
 from swarm_gateway.dataset_validation import DatasetError, validate_jsonl
 from swarm_gateway.errors import field_error
-from swarm_gateway.nats_api import call
+from swarm_gateway.responses import FiniteJSONResponse
 from swarm_gateway.state import Gateway, get_gateway
 from swarm_gateway.uploads import check_content_length, save_upload
+from swarm_runtime.records import Conflict
 
 router = APIRouter(prefix="/v1/datasets", tags=["datasets"])
 GW = Annotated[Gateway, Depends(get_gateway)]
@@ -51,33 +52,40 @@ class DatasetList(BaseModel):
     "",
     status_code=status.HTTP_201_CREATED,
     response_model=DatasetInfo,
-    responses={200: {"description": "the same file was uploaded before; its record"}},
+    responses={200: {"model": DatasetInfo, "description": "the same file was uploaded before"}},
 )
 async def upload_dataset(
     request: Request,
     gw: GW,
     tenant: Tenant,
     file: Annotated[UploadFile, File(description="JSONL: text, prompt/completion or chat")],
-    name: Annotated[str | None, Form(max_length=200)] = None,
-) -> JSONResponse:
+    name: Annotated[
+        str | None, Form(description="a label; default: the file's name without its path")
+    ] = None,
+) -> FiniteJSONResponse:
     limit = gw.settings.max_upload_bytes
     check_content_length(request, limit)
+    label = _label(name, file.filename)
     with tempfile.TemporaryDirectory(prefix="swarm-upload-") as tmp:
         path = Path(tmp) / "data.jsonl"
         size, sha = await save_upload(file, path, limit)
         try:
             summary = await asyncio.to_thread(validate_jsonl, path)
         except DatasetError as exc:
-            loc: list[str | int] = ["body", "file"] + ([f"line {exc.line}"] if exc.line else [])
+            loc: list[str | int] = ["body", "file"]
+            if exc.line:
+                loc.append(f"line {exc.line}")
             raise field_error(422, loc, str(exc), "invalid_dataset") from exc
 
         dataset_id = dataset_id_for(sha)
         kv_key = f"{tenant}.{dataset_id}"
         existing = await gw.datasets.get(kv_key)
         if existing is not None:
-            return JSONResponse(existing[0].model_dump(mode="json"), status_code=status.HTTP_200_OK)
+            return FiniteJSONResponse(
+                existing[0].model_dump(mode="json"), status_code=status.HTTP_200_OK
+            )
 
-        store_key = dataset_store_key(tenant, sha)
+        store_key = dataset_key(tenant, sha)
         # Content-addressed: identical bytes already stored need not travel again.
         if not await asyncio.to_thread(gw.store.exists, store_key):
             await asyncio.to_thread(gw.store.put_file, store_key, path)
@@ -85,7 +93,7 @@ async def upload_dataset(
     info = DatasetInfo(
         id=dataset_id,
         tenant=tenant,
-        name=name or (file.filename or None),
+        name=label,
         sha256=sha,
         store_key=store_key,
         format=summary.format,
@@ -101,8 +109,20 @@ async def upload_dataset(
             raise HTTPException(
                 status.HTTP_409_CONFLICT, detail="concurrent upload, retry"
             ) from None
-        return JSONResponse(found[0].model_dump(mode="json"), status_code=status.HTTP_200_OK)
-    return JSONResponse(info.model_dump(mode="json"), status_code=status.HTTP_201_CREATED)
+        return FiniteJSONResponse(found[0].model_dump(mode="json"), status_code=status.HTTP_200_OK)
+    return FiniteJSONResponse(info.model_dump(mode="json"), status_code=status.HTTP_201_CREATED)
+
+
+def _label(name: str | None, filename: str | None) -> str | None:
+    """The dataset's label: ``name`` as given, else the uploaded file's base name (names are
+    labels, not paths: ``swarm_contracts.names``)."""
+    try:
+        if name is not None:
+            return check_label(name, "name")
+        return label_from_filename(filename) if filename else None
+    except ValueError as exc:
+        loc: list[str | int] = ["body", "name" if name is not None else "file"]
+        raise field_error(422, loc, str(exc), "invalid_name") from exc
 
 
 @router.get("", response_model=DatasetList)
@@ -174,14 +194,9 @@ async def dataset_stats(
     version: ModelVersion | None = None
     tokenizer = None
     if model:
-        name, _, number = model.partition("@")
-        version = await call(
-            gw,
-            "registry",
-            gw.subjects.registry("models.get"),
-            GetModel(name=name, version=int(number) if number else None),
-            ModelVersion,
-        )
+        ref = Ref.parse_versioned(model)  # the query pattern admits only name[@version]
+        request = GetModel(name=ref.name, version=ref.version)
+        version = await gw.registry.call("models.get", request, ModelVersion)
         tokenizer = await _tokenizer_for(gw, version)
     with tempfile.TemporaryDirectory(prefix="swarm-stats-") as tmp:
         path = Path(tmp) / "data.jsonl"

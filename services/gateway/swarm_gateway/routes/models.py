@@ -1,4 +1,14 @@
-"""``/v1/models``: upload a base model (safetensors only) and register it with the registry."""
+"""``/v1/models``: upload a base model (safetensors only) and register it with the registry;
+list what the caller can serve.
+
+``GET /v1/models`` is both Swarm's model catalog and OpenAI's model list: an OpenAI list
+(``object: "list"``) whose entries are OpenAI model objects (``id``, ``object: "model"``,
+``created``, ``owned_by``) carrying Swarm's fields too. ``kind: "base_model"`` entries are
+the registry's ``ModelVersion`` records (every field), ``kind: "adapter"`` entries are the
+caller's adapters. ``id`` is what to pass as ``model``: the name for the latest version,
+``name@version`` for older ones. ``served`` says whether a live inference worker holds the
+base model version now. ``?kind=base_model`` lists the catalog alone.
+"""
 
 from __future__ import annotations
 
@@ -6,19 +16,29 @@ import asyncio
 import re
 import tempfile
 from pathlib import Path as FsPath
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, File, Form, Path, Query, Request, UploadFile, status
-from pydantic import BaseModel
+from fastapi.responses import FileResponse
+from pydantic import BaseModel, Field
 
-from swarm_common.jobs import NAME_PATTERN
-from swarm_common.registry import GetModel, ModelVersion, RegisterModel
-from swarm_common.store import join_key, tree_digest
+from swarm_contracts.jobs import NAME_PATTERN
+from swarm_contracts.layout import join_key, model_prefix
+from swarm_contracts.names import HF_ID_PATTERN
+from swarm_contracts.registry import (
+    AdapterVersion,
+    GetModel,
+    ListAdapters,
+    ListModels,
+    ModelVersion,
+    RegisterModel,
+)
 from swarm_gateway.auth import Admin, Tenant
 from swarm_gateway.errors import field_error
-from swarm_gateway.nats_api import call
 from swarm_gateway.state import Gateway, get_gateway
 from swarm_gateway.uploads import check_content_length, save_upload
+from swarm_gateway.verified_tar import verified_tar
+from swarm_runtime.store import tree_digest
 
 router = APIRouter(prefix="/v1/models", tags=["models"])
 GW = Annotated[Gateway, Depends(get_gateway)]
@@ -28,8 +48,30 @@ PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
+class BaseModelEntry(ModelVersion):
+    id: str = Field(description="what to pass as `model`: name (latest) or name@version")
+    object: Literal["model"] = "model"
+    created: int = Field(description="Unix time of registration")
+    owned_by: str = "swarm"
+    kind: Literal["base_model"] = "base_model"
+    served: bool = Field(description="a live inference worker holds this version")
+
+
+class AdapterEntry(BaseModel):
+    id: str = Field(description="what to pass as `model`: name (latest) or name@version")
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = Field(description="the tenant")
+    kind: Literal["adapter"] = "adapter"
+    name: str
+    version: int
+    base_model: str = Field(description="name@version it was trained on")
+    served: bool = Field(description="a live inference worker holds its base model version")
+
+
 class ModelList(BaseModel):
-    data: list[ModelVersion]
+    object: Literal["list"] = "list"
+    data: list[BaseModelEntry | AdapterEntry]
 
 
 def _check_file_name(name: str | None, index: int) -> str:
@@ -58,6 +100,14 @@ async def add_model(
     _admin: Admin,
     name: Annotated[str, Form(pattern=NAME_PATTERN, description="registry model name")],
     files: Annotated[list[UploadFile], File(description="config.json, *.safetensors, tokenizer")],
+    hf_id: Annotated[
+        str | None,
+        Form(
+            pattern=HF_ID_PATTERN,
+            description="the Hugging Face Hub id these files came from (e.g. "
+            "`HuggingFaceTB/SmolLM2-135M`): adapters trained on it name it as their base model",
+        ),
+    ] = None,
 ) -> ModelVersion:
     limit = gw.settings.max_upload_bytes
     check_content_length(request, limit)
@@ -79,25 +129,66 @@ async def add_model(
             used += size
             digests[file_name] = sha
         # Content-addressed prefix: the same files always land in the same place.
-        prefix = join_key("models", name, tree_digest(digests)[:16])
+        prefix = model_prefix(name, tree_digest(digests))
         for file_name in names:
             key = join_key(prefix, file_name)
             if not await asyncio.to_thread(gw.store.exists, key):
                 await asyncio.to_thread(gw.store.put_file, key, FsPath(tmp) / file_name)
 
-    return await call(
-        gw,
-        "registry",
-        gw.subjects.registry("models.register"),
-        RegisterModel(name=name, store_key=prefix),
-        ModelVersion,
-    )
+    register = RegisterModel(name=name, store_key=prefix, hf_id=hf_id)
+    return await gw.registry.call("models.register", register, ModelVersion)
+
+
+def _ids(records: list[tuple[str, int]]) -> dict[tuple[str, int], str]:
+    latest: dict[str, int] = {}
+    for name, version in records:
+        latest[name] = max(version, latest.get(name, 0))
+    return {(n, v): n if latest[n] == v else f"{n}@{v}" for n, v in records}
 
 
 @router.get("", response_model=ModelList)
-async def list_models(gw: GW, _tenant: Tenant) -> ModelList:
-    models = await call(gw, "registry", gw.subjects.registry("models.list"), {}, list[ModelVersion])
-    return ModelList(data=models)
+async def list_models(
+    gw: GW,
+    tenant: Tenant,
+    kind: Annotated[Literal["base_model", "adapter"] | None, Query()] = None,
+) -> ModelList:
+    held = {
+        (m.name, m.version)
+        for beat in (gw.inference_workers.alive() if gw.inference_workers else [])
+        for m in beat.base_models
+    }
+    entries: list[BaseModelEntry | AdapterEntry] = []
+    if kind in (None, "base_model"):
+        models = await gw.registry.call("models.list", ListModels(), list[ModelVersion])
+        ids = _ids([(m.name, m.version) for m in models])
+        for m in sorted(models, key=lambda m: (m.name, -m.version)):
+            entries.append(
+                BaseModelEntry(
+                    **m.model_dump(),
+                    id=ids[(m.name, m.version)],
+                    created=int(m.created_at.timestamp()),
+                    served=(m.name, m.version) in held,
+                )
+            )
+    if kind in (None, "adapter"):
+        request = ListAdapters(tenant=tenant)
+        adapters = await gw.registry.call("adapters.list", request, list[AdapterVersion])
+        adapters = [a for a in adapters if a.tenant == tenant]
+        ids = _ids([(a.name, a.version) for a in adapters])
+        for a in sorted(adapters, key=lambda a: (a.name, -a.version)):
+            base = (a.lineage.base_model, a.lineage.base_model_version)
+            entries.append(
+                AdapterEntry(
+                    id=ids[(a.name, a.version)],
+                    created=int(a.created_at.timestamp()),
+                    owned_by=a.tenant,
+                    name=a.name,
+                    version=a.version,
+                    base_model=f"{base[0]}@{base[1]}",
+                    served=base in held,
+                )
+            )
+    return ModelList(data=entries)
 
 
 @router.get("/{name}", response_model=ModelVersion)
@@ -107,10 +198,28 @@ async def get_model(
     _tenant: Tenant,
     version: Annotated[int | None, Query(ge=1)] = None,
 ) -> ModelVersion:
-    return await call(
-        gw,
-        "registry",
-        gw.subjects.registry("models.get"),
-        GetModel(name=name, version=version),
-        ModelVersion,
+    return await gw.registry.call("models.get", GetModel(name=name, version=version), ModelVersion)
+
+
+@router.get(
+    "/{name}/versions/{version}/download",
+    response_class=FileResponse,
+    responses={
+        200: {"content": {"application/x-tar": {}}, "description": "the model's files, as a tar"},
+        502: {"description": "a stored file does not match its recorded sha256; nothing sent"},
+    },
+)
+async def download_model(
+    name: Annotated[str, Path(pattern=NAME_PATTERN)],
+    version: Annotated[int, Path(ge=1)],
+    gw: GW,
+    _tenant: Tenant,
+) -> FileResponse:
+    """A tar of the version's ``from_pretrained`` files (flat), every file checked against its
+    sha256 before anything is sent: what ``swarm adapters pull NAME --with-base`` puts beside
+    an adapter."""
+    model = await gw.registry.call("models.get", GetModel(name=name, version=version), ModelVersion)
+    what = f"model {name!r} version {version}"
+    return await verified_tar(
+        gw.store, model.store_key, model.files, what, f"{name}-v{version}.tar"
     )

@@ -1,6 +1,7 @@
-// A small SVG line chart for a job's loss curves: no library, so nothing to fetch or build.
-// drawLossChart(svg, metrics) redraws from a JobMetrics ({train: [{step, loss}], eval:
-// [{step, eval_loss}]}) and records the point counts on the <svg> as data attributes, which
+// Small SVG charts: no library, so nothing to fetch or build.
+// drawLossChart(svg, metrics) redraws a job's loss curves from a JobMetrics ({train: [{step,
+// loss}], eval: [{step, eval_loss}]}); drawScatter(svg, points, options) draws a sweep's metric
+// against one parameter. Both record their point counts on the <svg> as data attributes, which
 // tests (and curious people) can read without parsing the drawing.
 "use strict";
 
@@ -80,5 +81,58 @@
     }
   }
 
+  // points: [{x, y, kind: "final" | "partial" | "best", title}]; options: {log: bool,
+  // categories: [labels] (x is then the category's index), xlabel, ylabel}.
+  function drawScatter(svg, points, options) {
+    const SW = 320, SH = 220, P = { left: 46, right: 10, top: 10, bottom: 40 };
+    const opts = options || {};
+    const cats = opts.categories || null;
+    const usable = points.filter((p) => Number.isFinite(p.y) && Number.isFinite(p.x) && (!opts.log || p.x > 0));
+    svg.replaceChildren();
+    svg.setAttribute("viewBox", `0 0 ${SW} ${SH}`);
+    svg.setAttribute("data-points", usable.length);
+    const fx = (x) => (opts.log ? Math.log10(x) : x);
+    let x0, x1;
+    if (cats) { x0 = -0.5; x1 = cats.length - 0.5; }
+    else if (usable.length) {
+      x0 = Math.min(...usable.map((p) => fx(p.x))); x1 = Math.max(...usable.map((p) => fx(p.x)));
+      const pad = (x1 - x0) * 0.08 || 0.5; x0 -= pad; x1 += pad;
+    } else { x0 = 0; x1 = 1; }
+    const ys = usable.map((p) => p.y);
+    let y0 = ys.length ? Math.min(...ys) : 0, y1 = ys.length ? Math.max(...ys) : 1;
+    const margin = (y1 - y0) * 0.1 || Math.abs(y1) * 0.1 || 1;
+    y0 -= margin; y1 += margin;
+    const sx = (x) => P.left + ((fx(x) - x0) / (x1 - x0)) * (SW - P.left - P.right);
+    const sxc = (i) => P.left + ((i - x0) / (x1 - x0)) * (SW - P.left - P.right);
+    const sy = (v) => SH - P.bottom - ((v - y0) / (y1 - y0)) * (SH - P.top - P.bottom);
+
+    for (const v of ticks(y0, y1, 4)) {
+      svg.appendChild(el("line", { x1: P.left, x2: SW - P.right, y1: sy(v), y2: sy(v), class: "grid" }));
+      svg.appendChild(el("text", { x: P.left - 5, y: sy(v) + 4, "text-anchor": "end", class: "tick" }, fmt(v)));
+    }
+    if (cats) {
+      cats.forEach((label, i) => svg.appendChild(el("text", { x: sxc(i), y: SH - P.bottom + 14, "text-anchor": "middle", class: "tick" }, label)));
+    } else {
+      for (const t of ticks(x0, x1, 4)) {
+        const label = opts.log ? fmt(Math.pow(10, t)) : fmt(t);
+        svg.appendChild(el("text", { x: P.left + ((t - x0) / (x1 - x0)) * (SW - P.left - P.right), y: SH - P.bottom + 14, "text-anchor": "middle", class: "tick" }, label));
+      }
+    }
+    svg.appendChild(el("text", { x: (P.left + SW - P.right) / 2, y: SH - 6, "text-anchor": "middle", class: "axis-label" }, opts.xlabel || ""));
+    svg.appendChild(el("line", { x1: P.left, x2: P.left, y1: P.top, y2: SH - P.bottom, class: "axis" }));
+    svg.appendChild(el("line", { x1: P.left, x2: SW - P.right, y1: SH - P.bottom, y2: SH - P.bottom, class: "axis" }));
+    if (!usable.length) {
+      svg.appendChild(el("text", { x: SW / 2, y: SH / 2, "text-anchor": "middle", class: "empty" }, "no evaluated trial yet"));
+      return;
+    }
+    for (const p of usable) {
+      const cx = cats ? sxc(p.x) : sx(p.x);
+      const dot = el("circle", { cx, cy: sy(p.y), r: p.kind === "best" ? 6 : 4, class: `pt ${p.kind}` });
+      dot.appendChild(el("title", {}, p.title || `${fmt(p.x)}: ${fmt(p.y)}`));
+      svg.appendChild(dot);
+    }
+  }
+
   window.drawLossChart = drawLossChart;
+  window.drawScatter = drawScatter;
 })();

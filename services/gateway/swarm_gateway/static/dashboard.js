@@ -1,5 +1,5 @@
 // The Swarm dashboard: polls the public /v1 API once a second and follows the selected job's
-// events over SSE. Plain browser JS on purpose (no framework, no build, no CDN). Everything
+// events over SSE; its playground streams a model's or an adapter's answer. Plain browser JS on purpose (no framework, no build, no CDN). Everything
 // from the API is put in the page with textContent, never innerHTML: job names and reasons
 // are user input.
 "use strict";
@@ -21,7 +21,11 @@ const state = {
   metricsFinal: false, // the selected job ended and its metrics were read after that
   events: null, // AbortController of the running events stream
   eventCount: 0,
+  model: null, // the playground's model: a base model or an adapter id from /v1/models
+  answer: null, // AbortController of the playground's running answer
+  ticks: 0,
 };
+const MODELS_EVERY = 5; // /v1/models asks the registry twice: every 5th poll is enough
 
 const $ = (id) => document.getElementById(id);
 
@@ -167,8 +171,27 @@ function renderJobs(jobs) {
   $("jobs-count").textContent = `(${jobs.length})`;
 }
 
+// Pages of JOBS_PAGE, newest first, by the API's cursor; the cursors of the pages before
+// this one are kept so that "newer" goes back exactly.
+const JOBS_PAGE = 50;
+const jobsPages = { cursors: [null], next: null };
+
 async function loadJobs() {
-  renderJobs((await api("v1/jobs?limit=100")).data);
+  const cursor = jobsPages.cursors[jobsPages.cursors.length - 1];
+  const query = `v1/jobs?limit=${JOBS_PAGE}` + (cursor ? `&cursor=${encodeURIComponent(cursor)}` : "");
+  const page = await api(query);
+  jobsPages.next = page.next_cursor || null;
+  renderJobs(page.data);
+  $("jobs-page").textContent = `page ${jobsPages.cursors.length}`;
+  $("jobs-newer").disabled = jobsPages.cursors.length === 1;
+  $("jobs-older").disabled = !jobsPages.next;
+}
+
+function pageJobs(older) {
+  if (older && jobsPages.next) jobsPages.cursors.push(jobsPages.next);
+  else if (!older && jobsPages.cursors.length > 1) jobsPages.cursors.pop();
+  else return;
+  loadJobs().catch(() => {});
 }
 
 // --- the selected job ---------------------------------------------------------------------
@@ -181,7 +204,15 @@ function renderSummary(job) {
   if (job.metrics && job.metrics.eval_loss !== undefined) items.push(["eval loss", num(job.metrics.eval_loss)]);
   if (job.adapter) items.push(["adapter", `${job.adapter.name} v${job.adapter.version}`]);
   if (job.reason) items.push(["reason", job.reason]);
-  $("job-summary").replaceChildren(...items.map(([k, v]) => h("span", {}, `${k}: `, h("b", {}, v))));
+  const spans = items.map(([k, v]) => h("span", {}, `${k}: `, h("b", {}, v)));
+  if (job.adapter) {
+    // Straight to the playground with this version.
+    const ref = `${job.adapter.name}@${job.adapter.version}`;
+    const tryIt = h("button", { type: "button", class: "try", id: "try-adapter" }, "try it");
+    tryIt.addEventListener("click", () => selectModel(ref));
+    spans.push(tryIt);
+  }
+  $("job-summary").replaceChildren(...spans);
   $("job-title").textContent = `${job.job_id} (${job.spec.name})`;
 }
 
@@ -275,10 +306,125 @@ function selectJob(id) {
   loadSelected().catch(() => {});
 }
 
+// --- models, adapters and the playground -------------------------------------------------
+
+function renderModels(entries) {
+  const body = $("models").tBodies[0];
+  body.replaceChildren(
+    ...entries.map((m) => {
+      const row = h("tr", { dataset: { modelId: m.id, kind: m.kind } },
+        h("td", { class: "mono" }, m.id),
+        h("td", {}, m.kind === "adapter" ? "adapter" : "base model"),
+        h("td", { class: "mono" }, m.kind === "adapter" ? m.base_model : `${m.name}@${m.version}`),
+        h("td", {}, m.served ? badge("served") : h("span", { class: "badge" }, "no worker")),
+        h("td", {}, clock(new Date(m.created * 1000).toISOString())));
+      if (m.id === state.model) row.classList.add("selected");
+      row.addEventListener("click", () => selectModel(m.id));
+      return row;
+    }));
+  $("models-count").textContent = `(${entries.length})`;
+}
+
+async function loadModels() {
+  renderModels((await api("v1/models")).data);
+}
+
+function selectModel(id) {
+  state.model = id;
+  $("playground-model").textContent = id;
+  for (const row of document.querySelectorAll("#models tbody tr")) {
+    row.classList.toggle("selected", row.dataset.modelId === id);
+  }
+}
+
+// The answer streams in as OpenAI-format SSE ("data: {chunk}" lines, "data: [DONE]" at the
+// end, "data: {error}" if a worker fails mid-answer); read with fetch, like the job events.
+async function ask(ev) {
+  ev.preventDefault();
+  const out = $("playground-output");
+  const usage = $("playground-usage");
+  if (!state.model) {
+    out.dataset.state = "error";
+    out.textContent = "Select a model or an adapter first.";
+    return;
+  }
+  if (state.answer) state.answer.abort();
+  const controller = new AbortController();
+  state.answer = controller;
+  out.textContent = "";
+  usage.textContent = "";
+  out.dataset.state = "streaming";
+  const body = {
+    model: state.model,
+    messages: [{ role: "user", content: $("playground-prompt").value }],
+    max_tokens: Number($("playground-max-tokens").value) || 64,
+    temperature: Number($("playground-temperature").value) || 0,
+    stream: true,
+    stream_options: { include_usage: true },
+  };
+  try {
+    const resp = await fetch("v1/chat/completions", {
+      method: "POST",
+      headers: { ...headers(), "Content-Type": "application/json", Accept: "text/event-stream" },
+      body: JSON.stringify(body),
+      signal: controller.signal,
+    });
+    if (!resp.ok || !resp.body) {
+      let detail = resp.statusText;
+      try { detail = (await resp.json()).error.message; } catch (_) { /* keep the status */ }
+      throw new ApiError(resp.status, detail);
+    }
+    const reader = resp.body.pipeThrough(new TextDecoderStream()).getReader();
+    let buffer = "";
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      buffer += value;
+      let nl;
+      while ((nl = buffer.indexOf("\n")) >= 0) {
+        const line = buffer.slice(0, nl).replace(/\r$/, "");
+        buffer = buffer.slice(nl + 1);
+        if (!line.startsWith("data:")) continue;
+        const data = line.slice(5).trim();
+        if (data === "[DONE]") {
+          out.dataset.state = "done";
+          continue;
+        }
+        const chunk = JSON.parse(data);
+        if (chunk.error) throw new Error(chunk.error.message);
+        for (const choice of chunk.choices || []) {
+          out.textContent += (choice.delta && choice.delta.content) || "";
+        }
+        if (chunk.usage) {
+          usage.textContent = `${chunk.model} · ${chunk.usage.prompt_tokens} prompt + ` +
+            `${chunk.usage.completion_tokens} completion tokens`;
+        }
+      }
+    }
+    if (out.dataset.state !== "done") throw new Error("the answer ended early");
+  } catch (err) {
+    if (err.name === "AbortError") {
+      out.dataset.state = "stopped";
+      return;
+    }
+    out.dataset.state = "error";
+    out.textContent += (out.textContent ? "\n" : "") + `error: ${err.message}`;
+  }
+}
+
+function setupPlayground() {
+  $("playground").addEventListener("submit", ask);
+  $("playground-stop").addEventListener("click", () => {
+    if (state.answer) state.answer.abort();
+  });
+}
+
 // --- the loop -------------------------------------------------------------------------------
 
 async function tick() {
-  const results = await Promise.allSettled([loadJobs(), loadWorkers(), loadSelected()]);
+  const loads = [loadJobs(), loadWorkers(), loadSelected(), loadSweeps(), loadSelectedSweep()];
+  if (state.ticks++ % MODELS_EVERY === 0) loads.push(loadModels());
+  const results = await Promise.allSettled(loads);
   const failed = results.find((r) => r.status === "rejected");
   if (!failed) {
     setStatus("ok", `live · ${new Date().toLocaleTimeString([], { hour12: false })}`);
@@ -309,8 +455,13 @@ function setupKeyForm() {
 
 document.addEventListener("DOMContentLoaded", () => {
   setupKeyForm();
+  setupPlayground();
+  $("jobs-newer").addEventListener("click", () => pageJobs(false));
+  $("jobs-older").addEventListener("click", () => pageJobs(true));
   const match = location.hash.match(/^#job=(.+)$/);
   if (match) selectJob(decodeURIComponent(match[1]));
   else window.drawLossChart($("loss-chart"), null);
+  const sweep = location.hash.match(/^#sweep=(.+)$/);
+  if (sweep) selectSweep(decodeURIComponent(sweep[1]));
   tick();
 });

@@ -1,1 +1,0 @@
-"""Code shared by every Swarm service: the public contract and the plumbing around it."""

@@ -1,0 +1,135 @@
+"""``data`` payloads of the job events on ``swarm.jobs.<job_id>.events.<event>`` (contract).
+
+Every event carries the job id and the attempt it belongs to; the scheduler drops events from
+any attempt but the current one, which fences out a worker that lost its lease.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, get_args
+
+from pydantic import BaseModel, Field
+
+from swarm_contracts.jobs import AdapterRef, JobSpec
+
+EventName = Literal[
+    "queued",
+    "assigned",
+    "started",
+    "progress",
+    "checkpoint",
+    "validated",
+    "requeued",
+    "released",
+    "succeeded",
+    "failed",
+    "cancelled",
+]
+JOB_EVENTS: tuple[str, ...] = get_args(EventName)
+TERMINAL_EVENTS = ("succeeded", "failed", "cancelled")
+
+
+class JobEvent(BaseModel):
+    event: EventName
+    job_id: str
+    attempt: int = 0
+
+
+class Queued(JobEvent):
+    event: Literal["queued"] = "queued"
+    tenant: str
+    spec: JobSpec
+    reason: str | None = Field(default=None, description="why it is still waiting, if it is")
+
+
+class Assigned(JobEvent):
+    event: Literal["assigned"] = "assigned"
+    worker_id: str
+
+
+class Started(JobEvent):
+    event: Literal["started"] = "started"
+    worker_id: str
+    resumed_from_step: int = 0
+
+
+class Progress(JobEvent):
+    event: Literal["progress"] = "progress"
+    step: int
+    max_steps: int
+    loss: float
+    lr: float
+    tokens_per_s: float
+    elapsed_s: float = 0.0
+
+
+class CheckpointSaved(JobEvent):
+    event: Literal["checkpoint"] = "checkpoint"
+    step: int
+    store_key: str
+
+
+class Validated(JobEvent):
+    event: Literal["validated"] = "validated"
+    step: int
+    eval_loss: float
+    perplexity: float
+
+
+class Requeued(JobEvent):
+    event: Literal["requeued"] = "requeued"
+    reason: str
+
+
+class Released(JobEvent):
+    """The worker stopped the attempt on purpose (it shuts down, or is drained with
+    ``move_jobs``) after committing a checkpoint, and hands the job back: the scheduler requeues
+    it at once, and the next attempt resumes from ``last_checkpoint_step``.
+
+    ``fault``: the worker could not go on for a reason of its own, not the job's (its object
+    store unreachable); the requeue then counts against ``max_attempts`` like a lost worker."""
+
+    event: Literal["released"] = "released"
+    worker_id: str
+    reason: str
+    last_checkpoint_step: int | None = None
+    fault: bool = False
+
+
+class Succeeded(JobEvent):
+    event: Literal["succeeded"] = "succeeded"
+    adapter: AdapterRef
+    metrics: dict[str, float] = Field(default_factory=dict)
+
+
+class Failed(JobEvent):
+    event: Literal["failed"] = "failed"
+    reason: str
+
+
+class Cancelled(JobEvent):
+    event: Literal["cancelled"] = "cancelled"
+    reason: str = "cancelled by request"
+    last_checkpoint_step: int | None = None
+
+
+AnyJobEvent = (
+    Queued
+    | Assigned
+    | Started
+    | Progress
+    | CheckpointSaved
+    | Validated
+    | Requeued
+    | Released
+    | Succeeded
+    | Failed
+    | Cancelled
+)
+
+
+class CancelRequest(BaseModel):
+    """``data`` of a message on ``swarm.jobs.<job_id>.cancel``."""
+
+    job_id: str
+    reason: str = "cancelled by request"

@@ -1,0 +1,129 @@
+"""Inference over NATS (contract): generation requests, the chunks that answer them, and the
+inference workers' heartbeats.
+
+A request goes to ``swarm.inference.<base model>.<version>.generate``, served by a queue
+group of the workers holding that base model version. With ``stream`` (the default) the
+worker answers with ``GenerateChunk`` messages on the request's reply subject: ``accepted``
+first, ``text`` pieces, ``keepalive`` while a request waits or thinks, then ``done`` or
+``error``. Without ``stream`` it answers once, with a ``GenerateResult``.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from swarm_contracts.jobs import NAME_PATTERN, utcnow
+
+ROLES = ("system", "developer", "user", "assistant")
+MAX_STOP_STRINGS = 4
+REQUEST_ID_PATTERN = r"^[A-Za-z0-9_-]{1,128}$"
+FinishReason = Literal["stop", "length"]
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str
+
+
+class GenerateRequest(BaseModel):
+    """``swarm.inference.<base>.<version>.generate``: complete ``prompt``, or the chat
+    ``messages`` (rendered with the base model's chat template), with ``adapter`` (a ref of
+    ``tenant``'s: ``name``, ``name@3``, ``name@production``) or with the base model alone."""
+
+    request_id: str = Field(pattern=REQUEST_ID_PATTERN, description="a subject token")
+    tenant: str = Field(pattern=NAME_PATTERN)
+    base_model: str = Field(pattern=NAME_PATTERN)
+    base_model_version: int = Field(ge=1)
+    adapter: str | None = Field(default=None, description="name, name@version or name@alias")
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = Field(default=None, min_length=1)
+    max_tokens: int | None = Field(
+        default=None, ge=1, description="None: up to the context (and the worker's limit)"
+    )
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    stop: list[str] = Field(default_factory=list, max_length=MAX_STOP_STRINGS)
+    seed: int | None = None
+    stream: bool = True
+    attempt: int = Field(default=1, ge=1, description="1, then 2... when a caller retries")
+
+    @model_validator(mode="after")
+    def _one_input(self) -> GenerateRequest:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give exactly one of prompt and messages")
+        return self
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class InferenceError(BaseModel):
+    """Why a request failed; ``status`` is the HTTP status a gateway answers with."""
+
+    code: str = Field(description="e.g. model_not_found, context_length_exceeded, overloaded")
+    message: str
+    status: int = 500
+
+
+class GenerateChunk(BaseModel):
+    """One message on a streaming request's reply subject, numbered from 0 by ``seq``."""
+
+    request_id: str
+    worker_id: str
+    seq: int
+    kind: Literal["accepted", "text", "keepalive", "done", "error"]
+    text: str = ""
+    model: str | None = Field(default=None, description="what runs: base@v or adapter name@v")
+    finish_reason: FinishReason | None = None
+    usage: Usage | None = None
+    error: InferenceError | None = None
+
+
+class GenerateResult(BaseModel):
+    """The one reply to a request with ``stream: false``: the text, or ``error``."""
+
+    request_id: str
+    worker_id: str
+    model: str | None = None
+    text: str = ""
+    finish_reason: FinishReason | None = None
+    usage: Usage | None = None
+    error: InferenceError | None = None
+
+
+class CancelGeneration(BaseModel):
+    """``swarm.inference.requests.<request_id>.cancel``: the caller went away; the worker
+    running the request stops it (and answers nothing more)."""
+
+    request_id: str = Field(pattern=REQUEST_ID_PATTERN)
+    reason: str = ""
+
+
+class HeldModel(BaseModel):
+    name: str
+    version: int
+    max_context: int | None = None
+
+
+class InferenceHeartbeat(BaseModel):
+    """``data`` of ``swarm.inference.workers.<worker_id>.heartbeat``, every few seconds."""
+
+    worker_id: str
+    device: str = Field(description="cpu, or cuda:0 (its name)")
+    backend: Literal["swarm", "vllm"] = "swarm"
+    base_models: list[HeldModel]
+    adapters_loaded: list[str] = Field(description="name@version of the adapters in slots")
+    adapter_slots: int
+    free_slots: int
+    max_batch_size: int
+    running: int = Field(description="rows in the running batch")
+    queue_depth: int = Field(description="requests waiting for a batch row or an adapter slot")
+    time: datetime = Field(default_factory=utcnow)

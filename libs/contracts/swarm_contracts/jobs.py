@@ -1,0 +1,220 @@
+"""The job spec a user submits and the job record the scheduler keeps (contract)."""
+
+from __future__ import annotations
+
+import hashlib
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from swarm_contracts.memory import MemoryEstimate
+
+# The one naming rule (swarm_contracts.names), re-exported for code written against this module.
+from swarm_contracts.names import NAME_PATTERN as NAME_PATTERN
+
+MODEL_REF_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,62}(@[0-9]+)?$"
+DATASET_ID_PATTERN = r"^ds-[0-9a-f]{16,64}$"
+# ``name@version``, or ``name@alias`` (resolved to a version when the job is submitted).
+ADAPTER_REF_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,62}@[a-z0-9][a-z0-9_-]{0,62}$"
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class Strict(BaseModel):
+    """Unknown fields are an error: a typo in a spec must not be silently ignored. NaN and
+    infinity are no numbers a spec can mean."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+class LoraSpec(Strict):
+    r: int = Field(default=8, ge=1, le=256)
+    alpha: float = Field(default=16.0, gt=0, le=1024)
+    dropout: float = Field(default=0.05, ge=0.0, lt=1.0)
+    target_modules: list[str] | Literal["all-linear"] = Field(
+        default_factory=lambda: ["q_proj", "v_proj"]
+    )
+    # QLoRA: the base model's decoder weights in 4-bit NF4 (bitsandbytes, CUDA only), compute
+    # in bf16. The adapter trained is an ordinary one: it loads on the unquantized base.
+    quantize: Literal["nf4"] | None = None
+
+    @field_validator("target_modules")
+    @classmethod
+    def _non_empty(cls, v: list[str] | str) -> list[str] | str:
+        if isinstance(v, list) and not v:
+            raise ValueError("target_modules must name at least one module or be 'all-linear'")
+        return v
+
+
+class TrainingSpec(Strict):
+    max_steps: int = Field(default=200, ge=1, le=1_000_000)
+    batch_size: int = Field(default=8, ge=1, le=4096)
+    grad_accum: int = Field(default=1, ge=1, le=1024)
+    lr: float = Field(default=2e-4, gt=0, le=1.0)
+    warmup_steps: int = Field(default=10, ge=0)
+    seq_len: int = Field(default=256, ge=8, le=131072)
+    seed: int = Field(default=0, ge=0)
+    eval_every: int = Field(default=50, ge=1)
+    checkpoint_every: int = Field(default=50, ge=1)
+    precision: Literal["auto", "fp32", "bf16"] = "auto"
+    max_grad_norm: float = Field(default=1.0, gt=0)
+    # Fraction of the training set held out for validation when no validation set is given.
+    val_fraction: float = Field(default=0.1, ge=0.0, lt=1.0)
+    # Several examples per row (no padding waste; attention never crosses examples).
+    packing: bool = False
+    # Recompute activations in the backward pass: less memory, about a third more compute.
+    gradient_checkpointing: bool = False
+    # Attention over packed rows: "auto" picks per device (flash_attention_2 varlen where
+    # installed on CUDA, else flex_attention; per-example sdpa spans on CPU); "sdpa" is the
+    # fallback that builds a dense block-diagonal mask.
+    attention: Literal["auto", "flash_attention_2", "flex_attention", "sdpa_varlen", "sdpa"] = (
+        "auto"
+    )
+    # Liger Kernel's fused RMSNorm, RoPE, SwiGLU and linear + cross-entropy: "auto" uses them on
+    # CUDA where the worker has liger_kernel installed.
+    liger: Literal["auto", "on", "off"] = "auto"
+
+
+class ResourceSpec(Strict):
+    workers: int = Field(default=1, ge=1, le=256)
+    gpus_per_worker: int = Field(default=0, ge=0, le=16)
+    cpus_per_worker: int = Field(default=1, ge=1, le=256)
+    # Each GPU the job gets must have at least this much memory (0: any GPU).
+    min_gpu_memory_gb: float = Field(default=0.0, ge=0.0, le=4096.0)
+    # Worker labels that must all match exactly (e.g. {"region": "eu"}); empty: any worker.
+    labels: dict[str, str] = Field(default_factory=dict, max_length=32)
+    # How the model is spread over the workers: ddp (a full copy on each, gradients averaged)
+    # or fsdp (parameters sharded across them: for base models bigger than one GPU).
+    strategy: Literal["ddp", "fsdp"] = "ddp"
+
+
+class JobSpec(Strict):
+    name: str = Field(pattern=NAME_PATTERN, description="adapter name in the registry")
+    base_model: str = Field(pattern=MODEL_REF_PATTERN, description="registry model name[@version]")
+    dataset: str = Field(pattern=DATASET_ID_PATTERN, description="dataset id from /v1/datasets")
+    validation: str | None = Field(default=None, pattern=DATASET_ID_PATTERN)
+    from_adapter: str | None = Field(
+        default=None,
+        pattern=ADAPTER_REF_PATTERN,
+        description="continue training this adapter of the tenant's: name@version or name@alias",
+    )
+    lora: LoraSpec = Field(default_factory=LoraSpec)
+    training: TrainingSpec = Field(default_factory=TrainingSpec)
+    resources: ResourceSpec = Field(default_factory=ResourceSpec)
+    priority: int = Field(default=5, ge=0, le=10)
+
+
+class SweepRef(Strict):
+    """The sweep a job is a trial of (set by the sweeps controller)."""
+
+    id: str = Field(pattern=r"^sweep-[0-9a-f]{8,64}$")
+    trial: int = Field(ge=0)
+
+
+class JobSubmission(Strict):
+    """The ``data`` of a message on ``swarm.jobs.submit``."""
+
+    spec: JobSpec
+    tenant: str = Field(default="default", pattern=NAME_PATTERN)
+    # Optional: the gateway sets it; plain NATS clients may leave it out, and the scheduler
+    # derives it from the idempotency key so that duplicates map onto one job.
+    job_id: str | None = Field(default=None, pattern=r"^job-[0-9a-f]{8,64}$")
+    # Optional: the job is trial ``trial`` of this sweep; kept on the job record.
+    sweep: SweepRef | None = None
+
+
+def job_id_for(tenant: str, idempotency_key: str) -> str:
+    """A job id that is a pure function of who asked and their idempotency key."""
+    return "job-" + hashlib.sha256(f"{tenant}\x00{idempotency_key}".encode()).hexdigest()[:20]
+
+
+class JobState(StrEnum):
+    queued = "queued"
+    assigned = "assigned"
+    running = "running"
+    succeeded = "succeeded"
+    failed = "failed"
+    cancelled = "cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (JobState.succeeded, JobState.failed, JobState.cancelled)
+
+
+def base_model_reference(name: str, version: int, hf_id: str | None = None) -> str:
+    """How a registered adapter names its base model (``base_model_name_or_path`` in its
+    ``adapter_config.json``): the Hugging Face Hub id the base model was registered from, which
+    stock ``AutoPeftModelForCausalLM.from_pretrained`` resolves by itself; else the registry's
+    ``name@version``, which ``swarm adapters pull NAME --with-base`` resolves to a local copy."""
+    return hf_id or f"{name}@{version}"
+
+
+class ModelRef(BaseModel):
+    """A base model version pinned at submission, so a job never drifts to a newer one."""
+
+    name: str
+    version: int
+    store_key: str
+    digest: str
+    hf_id: str | None = None
+
+    @property
+    def reference(self) -> str:
+        return base_model_reference(self.name, self.version, self.hf_id)
+
+
+class AdapterRef(BaseModel):
+    name: str
+    version: int
+    store_key: str
+
+
+class ParentAdapter(BaseModel):
+    """The adapter a job continues training from (``from_adapter``), pinned at submission."""
+
+    name: str
+    version: int
+    store_key: str
+    files: dict[str, str] = Field(description="file name -> sha256, checked on download")
+
+    @property
+    def ref(self) -> str:
+        return f"{self.name}@{self.version}"
+
+
+class JobRecord(BaseModel):
+    """The scheduler's record of a job, one KV entry per job; changed only by compare-and-set."""
+
+    job_id: str
+    tenant: str
+    spec: JobSpec
+    state: JobState = JobState.queued
+    attempt: int = 0
+    worker_id: str | None = None
+    reason: str | None = None
+    base_model: ModelRef | None = None
+    parent: ParentAdapter | None = None
+    adapter: AdapterRef | None = None
+    metrics: dict[str, float] = Field(default_factory=dict)
+    cancel_requested: bool = False
+    # Lease bookkeeping in the record, not in a scheduler's memory, so that a new leader
+    # times out an unconfirmed assignment or an unanswered cancel from the same clock.
+    assigned_at: datetime | None = None
+    cancel_requested_at: datetime | None = None
+    created_at: datetime = Field(default_factory=utcnow)
+    updated_at: datetime = Field(default_factory=utcnow)
+    # W3C traceparent of the span that accepted the job: the job's one trace continues from it
+    # whenever the job is picked up again (placement, requeue), however much later.
+    trace_parent: str | None = None
+    # The sweep this job is a trial of, if any.
+    sweep: SweepRef | None = None
+    # sha256 of the current attempt's token (``Assignment.attempt_token``): the scheduler
+    # applies a worker's event only when it carries that token.
+    attempt_token_sha256: str | None = None
+    # The GPU memory the job is estimated to need per GPU (set at submission when the registry
+    # knows the base model's architecture): a GPU job is placed only on GPUs at least this big.
+    memory: MemoryEstimate | None = None

@@ -1,0 +1,140 @@
+"""The object store's layout: every key Swarm writes, built and parsed in one place.
+
+A contract like ``subjects``: the gateway uploads ``datasets/`` and ``models/``, the trainer
+writes ``checkpoints/`` and ``outputs/`` and ``exports/``, the registry copies adapters into
+``adapters/`` and its garbage collector deletes what the others wrote. Keys are '/'-separated
+relative paths, validated so that no key can escape the store (docs/architecture.md, *Object
+store keys*).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import NamedTuple
+
+DATASETS = "datasets"
+MODELS = "models"
+CHECKPOINTS = "checkpoints"
+OUTPUTS = "outputs"
+ADAPTERS = "adapters"
+EXPORTS = "exports"
+
+# A run's outputs: the adapter it produced and its final metrics.
+OUTPUT_ADAPTER = "adapter"
+OUTPUT_RESULT = "result.json"
+# Written last into an export's prefix: its ExportResult (every other file's sha256), what a
+# download is checked against; an export without it is unfinished.
+EXPORT_MANIFEST = "swarm-export.json"
+
+_BAD_CHARS = re.compile(r"[\x00-\x1f\x7f\\]")
+
+
+class InvalidKey(ValueError):
+    pass
+
+
+def validate_key(key: str, *, prefix: bool = False) -> str:
+    """Return ``key`` if it is a safe relative key; raise InvalidKey otherwise.
+
+    A ``prefix`` may end with one '/' (a "directory"); a key may not.
+    """
+    if not isinstance(key, str) or not key or key.startswith("/") or _BAD_CHARS.search(key):
+        raise InvalidKey(f"invalid store key {key!r}")
+    body = key[:-1] if prefix and key.endswith("/") else key
+    parts = body.split("/")
+    if any(p in ("", ".", "..") for p in parts):
+        raise InvalidKey(f"invalid store key {key!r}")
+    return key
+
+
+def join_key(*parts: str) -> str:
+    return validate_key("/".join(p.strip("/") for p in parts if p))
+
+
+# --- uploads (gateway) ------------------------------------------------------------------------
+
+
+def dataset_key(tenant: str, sha256: str) -> str:
+    """An uploaded dataset, stored once per tenant and content."""
+    return join_key(DATASETS, tenant, f"{sha256}.jsonl")
+
+
+def model_prefix(name: str, tree_digest: str) -> str:
+    """A base model in ``from_pretrained`` layout, content-addressed by its files' digest, so
+    uploading the same files again stores nothing new."""
+    return join_key(MODELS, name, tree_digest[:16])
+
+
+# --- training (trainer) -----------------------------------------------------------------------
+
+
+def job_checkpoints(job_id: str) -> str:
+    """Ray Train's storage for a job: one run per attempt below it."""
+    return join_key(CHECKPOINTS, job_id)
+
+
+def run_name(attempt: int) -> str:
+    return f"attempt-{attempt}"
+
+
+def run_key(job_id: str, attempt: int) -> str:
+    """Ray Train run storage of one attempt. One run per attempt: an attempt that lost its lease
+    but wakes up (a frozen machine) can only checkpoint into, and prune, its own run."""
+    return join_key(CHECKPOINTS, job_id, run_name(attempt))
+
+
+def resume_key(job_id: str, attempt: int) -> str:
+    """This attempt's own copy of the checkpoint it starts from, which no other run prunes."""
+    return join_key(CHECKPOINTS, job_id, f"{run_name(attempt)}-resume")
+
+
+def output_prefix(job_id: str, attempt: int) -> str:
+    """What one attempt produced, before the registry copies it."""
+    return join_key(OUTPUTS, job_id, str(attempt))
+
+
+def output_adapter(job_id: str, attempt: int) -> str:
+    return join_key(output_prefix(job_id, attempt), OUTPUT_ADAPTER)
+
+
+def output_result(job_id: str, attempt: int) -> str:
+    return join_key(output_prefix(job_id, attempt), OUTPUT_RESULT)
+
+
+# --- registered artifacts (registry, export) ------------------------------------------------
+
+
+def adapter_prefix(tenant: str, name: str, version: int) -> str:
+    """A registered adapter in PEFT layout."""
+    return join_key(ADAPTERS, tenant, name, str(version))
+
+
+def export_prefix(tenant: str, name: str, version: int) -> str:
+    """An adapter merged into its base model, ``from_pretrained`` layout."""
+    return join_key(EXPORTS, tenant, name, str(version))
+
+
+# --- parsing (the registry's garbage collector) -----------------------------------------------
+
+
+class AdapterLocation(NamedTuple):
+    prefix: str  # adapters/<tenant>/<name>/<version>
+    name: str
+    version: int | None  # None: not a number, i.e. not a key Swarm wrote
+
+
+def parse_adapter_key(key: str) -> AdapterLocation | None:
+    """Which registered adapter an ``adapters/…`` object belongs to (None: not one)."""
+    parts = key.split("/")
+    if len(parts) < 4 or parts[0] != ADAPTERS:
+        return None
+    version = int(parts[3]) if parts[3].isdigit() else None
+    return AdapterLocation("/".join(parts[:4]), parts[2], version)
+
+
+def job_of(key: str) -> str | None:
+    """The job an ``outputs/…`` or ``checkpoints/…`` object belongs to (None: neither)."""
+    parts = key.split("/")
+    if len(parts) < 2 or parts[0] not in (OUTPUTS, CHECKPOINTS):
+        return None
+    return parts[1]

@@ -1,0 +1,99 @@
+"""Scoped object-store access: what a worker without store keys asks the registry for.
+
+A provider's trainer agent holds no store credentials. For every store operation it asks the
+registry (``swarm.registry.store.access``) with its assignment's attempt token; the registry
+checks the token against the job record and the key against the job's scope
+(``job_scope``), and answers with a presigned URL good for one object and one method for a few
+minutes, or for ``list``/``head`` with the answer itself (docs/providers.md, *Store access*).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal, NamedTuple
+
+from pydantic import BaseModel, Field
+
+from swarm_contracts.jobs import JobRecord
+from swarm_contracts.layout import (
+    job_checkpoints,
+    output_prefix,
+    resume_key,
+    run_key,
+)
+
+StoreOp = Literal["get", "put", "delete", "head", "list"]
+READ_OPS: tuple[StoreOp, ...] = ("get", "head", "list")
+WRITE_OPS: tuple[StoreOp, ...] = ("put", "delete")
+
+
+class StoreAccess(BaseModel):
+    """``swarm.registry.store.access``: one operation on one key (``list``: a prefix)."""
+
+    job_id: str
+    attempt: int
+    attempt_token: str = Field(repr=False, description="the assignment's attempt token")
+    op: StoreOp
+    key: str = Field(description="the object's key; for list, a prefix")
+
+
+class StoredObject(BaseModel):
+    key: str
+    size: int
+
+
+class StoreGrant(BaseModel):
+    """The registry's answer: a presigned ``url`` for ``method`` (get, put, delete), or the
+    answer itself (``head``: ``objects`` holds the object, or nothing when it does not exist;
+    ``list``: every object below the prefix, sorted)."""
+
+    op: StoreOp
+    key: str
+    method: str | None = None
+    url: str | None = Field(default=None, repr=False)
+    expires_at: datetime | None = None
+    objects: list[StoredObject] = Field(default_factory=list)
+
+
+class JobScope(NamedTuple):
+    """What one attempt of a job may touch: ``read`` keys or prefixes (a prefix covers every
+    key below it), and ``write`` prefixes (put and delete). Writes are readable too."""
+
+    read: tuple[str, ...]
+    write: tuple[str, ...]
+
+    def allows(self, op: StoreOp, key: str) -> bool:
+        roots = self.write if op in WRITE_OPS else self.read + self.write
+        if op == "list":
+            # S3 prefixes are plain string prefixes: "checkpoints/job-a" would also list
+            # "checkpoints/job-ab/…". A listing must name a directory below a root.
+            return any(key.startswith(root.rstrip("/") + "/") for root in roots)
+        return any(within(key, root) for root in roots)
+
+
+def within(key: str, root: str) -> bool:
+    """``key`` is ``root`` (a dataset's key is a root) or below it; ``rootX`` is not."""
+    root = root.rstrip("/")
+    return key == root or key.startswith(root + "/")
+
+
+def job_scope(record: JobRecord, dataset_keys: list[str]) -> JobScope:
+    """The scope of the record's current attempt.
+
+    Read: its datasets (the gateway's ``DatasetInfo.store_key`` of the spec's dataset and
+    validation set, which the caller looks up), its pinned base model's files, its parent
+    adapter's files, and all of the job's checkpoints (a new attempt resumes from an earlier
+    attempt's). Write: only this attempt's own Ray run, its resume copy and its outputs, so a
+    worker can neither change another job's files nor an earlier attempt's checkpoints.
+    """
+    read = [*dataset_keys, job_checkpoints(record.job_id)]
+    if record.base_model is not None:
+        read.append(record.base_model.store_key)
+    if record.parent is not None:
+        read.append(record.parent.store_key)
+    write = (
+        run_key(record.job_id, record.attempt),
+        resume_key(record.job_id, record.attempt),
+        output_prefix(record.job_id, record.attempt),
+    )
+    return JobScope(read=tuple(read), write=write)

@@ -1,0 +1,130 @@
+"""Subject, stream and bucket names. The un-namespaced names are the public contract."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Subjects:
+    """All names for one namespace; ``Subjects("")`` gives the contract names."""
+
+    namespace: str = ""
+
+    def _s(self, subject: str) -> str:
+        return f"{self.namespace}.{subject}" if self.namespace else subject
+
+    def _n(self, name: str) -> str:
+        return f"{self.namespace.upper().replace('-', '_')}_{name}" if self.namespace else name
+
+    # --- contract subjects -------------------------------------------------------------
+    @property
+    def submit(self) -> str:
+        return self._s("swarm.jobs.submit")
+
+    def cancel(self, job_id: str = "*") -> str:
+        return self._s(f"swarm.jobs.{job_id}.cancel")
+
+    def job_event(self, job_id: str = "*", event: str = "*") -> str:
+        return self._s(f"swarm.jobs.{job_id}.events.{event}")
+
+    def heartbeat(self, worker_id: str = "*") -> str:
+        return self._s(f"swarm.workers.{worker_id}.heartbeat")
+
+    def assign(self, worker_id: str = "*") -> str:
+        return self._s(f"swarm.workers.{worker_id}.assign")
+
+    def release(self, worker_id: str = "*") -> str:
+        """The scheduler asks a worker to checkpoint some of its jobs and hand them back."""
+        return self._s(f"swarm.workers.{worker_id}.release")
+
+    def benchmark(self, worker_id: str = "*") -> str:
+        """Ask a worker to run its self-benchmark again (request/reply)."""
+        return self._s(f"swarm.workers.{worker_id}.benchmark")
+
+    def worker_cancel(self, worker_id: str = "*") -> str:
+        """The scheduler passes a cancellation on to the worker that holds the job (a
+        provider's agent may not listen to every job's cancel subject)."""
+        return self._s(f"swarm.workers.{worker_id}.cancel")
+
+    def adapter_registered(self, name: str = "*") -> str:
+        return self._s(f"swarm.adapters.{name}.registered")
+
+    def adapter_promoted(self, name: str = "*") -> str:
+        return self._s(f"swarm.adapters.{name}.promoted")
+
+    @property
+    def sweep_submit(self) -> str:
+        return self._s("swarm.sweeps.submit")
+
+    def sweep_cancel(self, sweep_id: str = "*") -> str:
+        return self._s(f"swarm.sweeps.{sweep_id}.cancel")
+
+    def sweep_event(self, sweep_id: str = "*", event: str = "*") -> str:
+        return self._s(f"swarm.sweeps.{sweep_id}.events.{event}")
+
+    def inference_generate(self, base_model: str = "*", version: int | str = "*") -> str:
+        """Generation requests for one base model version (a queue group of its workers)."""
+        return self._s(f"swarm.inference.{base_model}.{version}.generate")
+
+    def inference_heartbeat(self, worker_id: str = "*") -> str:
+        return self._s(f"swarm.inference.workers.{worker_id}.heartbeat")
+
+    def inference_cancel(self, request_id: str = "*") -> str:
+        """Stop generating for a request whose caller went away (every worker listens)."""
+        return self._s(f"swarm.inference.requests.{request_id}.cancel")
+
+    # --- internal request/reply and plumbing -------------------------------------------
+    def dead_letter(self, service: str = "*") -> str:
+        return self._s(f"swarm.dlq.{service}")
+
+    def registry(self, action: str) -> str:
+        """Registry queries, e.g. ``registry("models.get")``."""
+        return self._s(f"swarm.registry.{action}")
+
+    def trainer(self, action: str) -> str:
+        """Requests any trainer agent can answer, e.g. ``trainer("export")``."""
+        return self._s(f"swarm.trainer.{action}")
+
+    def telemetry(self, action: str) -> str:
+        return self._s(f"swarm.telemetry.{action}")
+
+    # --- JetStream streams ---------------------------------------------------------------
+    @property
+    def submit_stream(self) -> str:
+        return self._n("SWARM_SUBMIT")
+
+    @property
+    def events_stream(self) -> str:
+        return self._n("SWARM_EVENTS")
+
+    @property
+    def control_stream(self) -> str:
+        return self._n("SWARM_CONTROL")
+
+    @property
+    def assign_stream(self) -> str:
+        return self._n("SWARM_ASSIGN")
+
+    @property
+    def adapters_stream(self) -> str:
+        return self._n("SWARM_ADAPTERS")
+
+    @property
+    def sweeps_stream(self) -> str:
+        """Sweep submissions and cancellations."""
+        return self._n("SWARM_SWEEPS")
+
+    @property
+    def sweep_events_stream(self) -> str:
+        return self._n("SWARM_SWEEP_EVENTS")
+
+    @property
+    def dead_letter_stream(self) -> str:
+        return self._n("SWARM_DLQ")
+
+    # --- KV buckets ----------------------------------------------------------------------
+    def bucket(self, name: str) -> str:
+        """KV bucket names: jobs, workers, worker_ops, datasets, models, adapters, leader, sweeps,
+        trials."""
+        return self._n(f"swarm_{name}")

@@ -1,0 +1,194 @@
+"""Worker heartbeats and job assignments (contract)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import BaseModel, Field, model_validator
+
+from swarm_contracts.datasets import DatasetInfo
+from swarm_contracts.jobs import JobSpec, ModelRef, ParentAdapter, utcnow
+
+
+class Gpu(BaseModel):
+    index: int
+    name: str
+    memory_bytes: int
+
+
+class Resources(BaseModel):
+    cpus: int
+    memory_bytes: int
+    gpus: list[Gpu] = Field(default_factory=list)
+
+
+class RunningJob(BaseModel):
+    job_id: str
+    attempt: int
+    step: int = 0
+
+
+# A worker's own word on itself: ``leaving`` while it shuts down (it takes no new jobs and hands
+# its running ones back from a checkpoint), ``gone`` in its last heartbeat (it has stopped).
+HeartbeatState = Literal["alive", "leaving", "gone"]
+# A heartbeat names at most this many cached base models (the most recently used), to stay small.
+CACHED_MODELS_MAX = 32
+
+
+class WorkerBenchmark(BaseModel):
+    """A worker's measured speed: its self-benchmark when it starts, and again on request
+    (``swarm.workers.<worker_id>.benchmark``). Placement can prefer faster workers, and the
+    scheduler flags a worker measuring far below what it advertises."""
+
+    matmul_tflops: float = Field(
+        description="dense square matmuls on its first GPU (bf16, fp16 where the GPU has no "
+        "bf16) or on its CPUs (fp32), in TFLOP/s"
+    )
+    train_tokens_per_s: float = Field(
+        description="LoRA training steps (forward, backward, AdamW) of a tiny Llama, tokens/s"
+    )
+    device: str = Field(description='what it measured: "cuda:0 NVIDIA H100 80GB HBM3", "cpu"')
+    dtype: str = Field(description="bfloat16, float16 or float32")
+    busy: bool = Field(
+        default=False,
+        description="jobs were running on the worker while it measured (a shared device "
+        "measures low): not used to flag the worker",
+    )
+    duration_s: float = Field(description="how long the measurement took")
+    measured_at: datetime = Field(default_factory=utcnow)
+
+
+class BenchmarkRequest(BaseModel):
+    """Request of ``swarm.workers.<worker_id>.benchmark``: measure again now. Answered with
+    ``Reply[WorkerBenchmark]``; the worker's heartbeats carry the new result from then on."""
+
+    worker_id: str
+
+
+class Heartbeat(BaseModel):
+    """``data`` of ``swarm.workers.<worker_id>.heartbeat``, sent every few seconds."""
+
+    worker_id: str
+    resources: Resources
+    free: Resources
+    running: list[RunningJob] = Field(default_factory=list)
+    labels: dict[str, str] = Field(default_factory=dict)
+    time: datetime = Field(default_factory=utcnow)
+    state: HeartbeatState = "alive"
+    # The latest self-benchmark (absent until the first one is done, or when it is turned off).
+    benchmark: WorkerBenchmark | None = None
+    # The dense TFLOP/s its provider promises (SWARM_ADVERTISED_TFLOPS); without it, what its
+    # GPU model should reach. A benchmark far below it flags the worker ``slow``.
+    advertised_tflops: float | None = None
+    cached_models: list[str] = Field(
+        default_factory=list,
+        max_length=CACHED_MODELS_MAX,
+        description="digests (ModelRef.digest) of the base models in the worker's cache, most "
+        "recently used first: placement prefers a worker holding the job's base model",
+    )
+    # The provider whose credentials the agent joined with (``swarm-trainer join``); a
+    # provider's worker id is its provider name, and its NATS user may publish only this
+    # worker's heartbeats, so the name cannot be claimed by anyone else.
+    provider: str | None = None
+
+    @model_validator(mode="after")
+    def _provider_is_worker(self) -> Heartbeat:
+        if self.provider is not None and self.provider != self.worker_id:
+            raise ValueError("a provider's worker id is its provider name")
+        return self
+
+
+class Assignment(BaseModel):
+    """``data`` of ``swarm.workers.<worker_id>.assign``: run this attempt of this job."""
+
+    job_id: str
+    attempt: int
+    tenant: str
+    worker_id: str
+    spec: JobSpec
+    base_model: ModelRef
+    dataset: DatasetInfo
+    validation: DatasetInfo | None = None
+    # Set when the job continues training an adapter (``spec.from_adapter``), pinned.
+    parent: ParentAdapter | None = None
+    # W3C traceparent of the placement span: the trainer's spans for this attempt are its children.
+    trace_parent: str | None = None
+    # A secret for this attempt only: the worker sends it with every event of the attempt
+    # (header ``swarm_contracts.providers.ATTEMPT_TOKEN_HEADER``), and the scheduler applies
+    # only events that carry it, so that no other worker can report on this job.
+    attempt_token: str | None = Field(default=None, repr=False)
+
+
+class WorkerInfo(BaseModel):
+    """The scheduler's view of a worker, kept in the ``workers`` KV bucket for the gateway."""
+
+    worker_id: str
+    state: str = Field(description="alive | leaving | lost | gone")
+    resources: Resources
+    free: Resources
+    running: list[RunningJob] = Field(default_factory=list)
+    labels: dict[str, str] = Field(default_factory=dict)
+    last_heartbeat: datetime
+    cached_models: list[str] = Field(
+        default_factory=list, description="from the heartbeat: base models in its cache"
+    )
+    provider: str | None = None
+    # From the operator's ``WorkerOps``: no new jobs (cordoned), and expected to empty (draining).
+    cordoned: bool = False
+    draining: bool = False
+    benchmark: WorkerBenchmark | None = None
+    advertised_tflops: float | None = None
+    flags: list[str] = Field(
+        default_factory=list,
+        description="what the scheduler noticed: slow (its benchmark is far below what it "
+        "advertises)",
+    )
+
+
+class WorkerOps(BaseModel):
+    """An operator's standing instruction for one worker: the ``worker_ops`` KV bucket, key =
+    worker id, written by the gateway (``/v1/workers/{id}/cordon|uncordon|drain``) and followed
+    by the scheduler, so that it outlives any scheduler process. No entry: schedulable."""
+
+    worker_id: str
+    cordoned: bool = Field(default=False, description="no new jobs are placed on the worker")
+    drain: bool = Field(default=False, description="cordoned, and expected to empty")
+    move_jobs: bool = Field(
+        default=False,
+        description="with drain: running jobs are checkpointed and moved to other workers now, "
+        "rather than left to finish",
+    )
+    reason: str = ""
+    updated_at: datetime = Field(default_factory=utcnow)
+
+    @property
+    def schedulable(self) -> bool:
+        return not (self.cordoned or self.drain)
+
+
+class ReleaseRequest(BaseModel):
+    """``data`` of ``swarm.workers.<worker_id>.release``: checkpoint these jobs and hand them
+    back (each answered by a ``released`` job event). Sent by the scheduler while it drains
+    the worker with ``move_jobs``, again every few seconds while the jobs are still there."""
+
+    worker_id: str
+    job_ids: list[str]
+    reason: str = "worker drained"
+
+
+def parse_labels(text: str) -> dict[str, str]:
+    """``"provider=acme,region=eu"`` → ``{"provider": "acme", "region": "eu"}``.
+
+    Blank items are skipped; an item without ``=`` is an error, because a silently dropped label
+    would make jobs that require it wait for ever without saying why.
+    """
+    labels: dict[str, str] = {}
+    for item in text.split(","):
+        if not item.strip():
+            continue
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"worker label {item!r} is not key=value")
+        labels[key.strip()] = value.strip()
+    return labels

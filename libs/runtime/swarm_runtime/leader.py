@@ -1,0 +1,115 @@
+"""Leader election among a service's processes through the ``leader`` KV bucket.
+
+One key per service (``scheduler``, ``sweeps``): the leader holds it and renews it by
+compare-and-set about three times per lease. A follower takes over, by compare-and-set on the
+revision it saw, only when that revision has not moved for a whole lease by its own clock *and*
+the leader's timestamp is a lease old, so neither a slow watch nor clock skew alone makes two
+leaders. A leader that cannot renew stops acting before a follower could take over. Job records
+(and the sweeps controller's records) are changed only by compare-and-set, so even an overlap
+could not assign one attempt twice; the lease just keeps the overlap from happening in the
+first place.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
+from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
+
+log = logging.getLogger("swarm.leader")
+
+
+class Leadership:
+    def __init__(
+        self,
+        kv: KeyValue,
+        key: str,
+        holder: str,
+        lease_s: float,
+        on_change: Callable[[bool], Awaitable[None]],
+    ) -> None:
+        self.kv = kv
+        self.key = key
+        self.holder = holder
+        self.lease_s = lease_s
+        self.on_change = on_change
+        self.leading = False
+        self._revision = 0  # ours, while leading
+        self._renewed = 0.0
+        self._seen: tuple[int, float] = (0, 0.0)  # the other's revision and when it last moved
+        self._task: asyncio.Task[None] | None = None
+
+    def _payload(self) -> bytes:
+        return json.dumps({"holder": self.holder, "time": time.time()}).encode()
+
+    async def _set(self, leading: bool) -> None:
+        if leading != self.leading:
+            self.leading = leading
+            log.warning(
+                "%s is %s of %s", self.holder, "the leader" if leading else "a follower", self.key
+            )
+            await self.on_change(leading)
+
+    async def tick(self) -> None:
+        now = time.monotonic()
+        if self.leading:
+            try:
+                self._revision = await self.kv.update(
+                    self.key, self._payload(), last=self._revision
+                )
+                self._renewed = now
+            except KeyWrongLastSequenceError:
+                await self._set(False)  # someone took over: we were too slow
+            except Exception:
+                # NATS unreachable: stop acting before a follower may decide we are gone.
+                if now - self._renewed > self.lease_s * 2 / 3:
+                    await self._set(False)
+            return
+        try:
+            entry = await self.kv.get(self.key)
+        except KeyNotFoundError:
+            entry = None
+        try:
+            if entry is None or entry.operation in (KV_DEL, KV_PURGE) or not entry.value:
+                self._revision = await self.kv.create(self.key, self._payload())
+            else:
+                if entry.revision is not None and entry.revision != self._seen[0]:
+                    self._seen = (entry.revision, now)
+                written = float(json.loads(entry.value).get("time", 0))
+                if now - self._seen[1] < self.lease_s or time.time() - written < self.lease_s:
+                    return
+                self._revision = await self.kv.update(
+                    self.key, self._payload(), last=entry.revision
+                )
+        except KeyWrongLastSequenceError:
+            return  # another follower was faster
+        self._renewed = now
+        await self._set(True)
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                await self.tick()
+            except Exception:
+                log.exception("leadership check failed")
+            await asyncio.sleep(self.lease_s / 3)
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._loop())
+
+    async def stop(self) -> None:
+        """Stop, and hand the lease back at once so that a follower need not wait it out."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self.leading:
+            with contextlib.suppress(Exception):
+                await self.kv.delete(self.key, last=self._revision)
+            await self._set(False)

@@ -1,0 +1,130 @@
+"""Typed request/reply between services: one way to ask, one way to answer.
+
+A caller sends a request model and gets ``Reply[T]`` back (``ServiceClient.ask``), or the
+result itself (``ServiceClient.call``, which raises ``Refused`` carrying the reply's code).
+Nobody answering (no responders, a timeout, NATS itself down) is ``Unavailable``: a caller may
+try again later, and it is never mistaken for a refusal. A handler wraps its work in
+``answer()``: a ``Refused`` becomes an error reply with its code, any other exception an
+``internal`` one, so that a requester is never left waiting for a timeout.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import nats.errors
+from nats.aio.client import Client
+from pydantic import BaseModel, ValidationError
+
+from swarm_contracts.replies import ErrorCode, Reply
+from swarm_runtime.tracing import trace_headers
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class Refused(Exception):
+    """The service answered, and said no: ``code`` says how, the message says why."""
+
+    def __init__(self, message: str, code: ErrorCode = "invalid") -> None:
+        super().__init__(message)
+        self.message = message
+        self.code: ErrorCode = code
+
+
+class Unavailable(ConnectionError):
+    """Nobody answered: the service is not running, too slow, or NATS is down."""
+
+    def __init__(self, service: str, reason: str) -> None:
+        super().__init__(f"the {service} service is unavailable: {reason}")
+        self.service = service
+        self.reason = reason
+
+
+class ServiceClient:
+    """Requests to one service's API, e.g. ``ServiceClient(nc, "registry", subjects.registry)``.
+
+    ``subject(action)`` names the subject of an action (``"models.get"``). Every request carries
+    the caller's trace context, so the service's spans join the caller's trace.
+    """
+
+    def __init__(
+        self,
+        nc: Client,
+        service: str,
+        subject: Callable[[str], str],
+        timeout: float = 5.0,
+    ) -> None:
+        self.nc = nc
+        self.service = service
+        self.subject = subject
+        self.timeout = timeout
+
+    async def ask(
+        self,
+        action: str,
+        request: BaseModel,
+        result: type[T],
+        *,
+        wait_s: float | None = None,
+    ) -> Reply[T]:
+        """The service's reply, refusals included; ``Unavailable`` when nobody answers, and
+        ``Refused`` (internal) when the answer is not a ``Reply[result]``. ``wait_s`` overrides
+        the client's timeout for a slow action."""
+        subject = self.subject(action)
+        timeout = wait_s or self.timeout
+        try:
+            msg = await self.nc.request(
+                subject,
+                request.model_dump_json().encode(),
+                timeout=timeout,
+                headers=trace_headers(),
+            )
+        except nats.errors.NoRespondersError as exc:
+            raise Unavailable(self.service, f"not running (no responders on {subject})") from exc
+        except (TimeoutError, nats.errors.TimeoutError) as exc:
+            raise Unavailable(self.service, f"no answer on {subject} within {timeout:g}s") from exc
+        except nats.errors.Error as exc:
+            raise Unavailable(self.service, f"NATS unavailable: {exc!r}") from exc
+        try:
+            return Reply[result].model_validate_json(msg.data)  # type: ignore[valid-type]
+        except ValidationError as exc:
+            raise Refused(
+                f"the {self.service} service sent a malformed reply to {action}: {exc}",
+                "internal",
+            ) from exc
+
+    async def call(
+        self,
+        action: str,
+        request: BaseModel,
+        result: type[T],
+        *,
+        wait_s: float | None = None,
+    ) -> T:
+        """The reply's result; ``Refused`` with the reply's code and message when refused."""
+        reply = await self.ask(action, request, result, wait_s=wait_s)
+        if not reply.ok:
+            raise Refused(reply.error or f"{self.service} refused {action}", reply.error_code)
+        if reply.result is None:
+            raise Refused(
+                f"the {self.service} service answered {action} without a result", "internal"
+            )
+        return reply.result
+
+
+async def answer(reply_type: type[Reply[T]], work: Awaitable[T]) -> Reply[T]:
+    """Run a handler's work into a reply: a refusal keeps its code, any other failure is
+    ``internal`` (and logged with its traceback)."""
+    try:
+        return reply_type(ok=True, result=await work)
+    except Refused as exc:
+        return reply_type(ok=False, error=exc.message, code=exc.code)
+    except Exception as exc:
+        log.exception("request failed")
+        return reply_type(
+            ok=False, error=f"internal error: {type(exc).__name__}: {exc}", code="internal"
+        )

@@ -1,0 +1,95 @@
+"""Checks of a job spec against what the tenant has (datasets, adapters), made up front so
+that a bad ``POST /v1/jobs`` or ``POST /v1/sweeps`` is a 422 naming the field rather than a
+job that fails later."""
+
+from __future__ import annotations
+
+from swarm_contracts.jobs import JobSpec
+from swarm_contracts.refs import Ref
+from swarm_contracts.registry import AdapterVersion, GetAdapter, GetModel, ModelVersion
+from swarm_gateway.errors import field_error
+from swarm_gateway.state import Gateway
+from swarm_runtime.rpc import Refused, Unavailable
+
+
+async def check_datasets(
+    gw: Gateway, tenant: str, spec: JobSpec, loc: tuple[str, ...] = ("body",)
+) -> None:
+    """Refuse a spec whose dataset or validation set the tenant has not uploaded."""
+    for field in ("dataset", "validation"):
+        dataset_id = getattr(spec, field)
+        if dataset_id and await gw.datasets.get(f"{tenant}.{dataset_id}") is None:
+            raise field_error(
+                422,
+                [*loc, field],
+                f"dataset {dataset_id} not found for tenant {tenant}: upload it via /v1/datasets",
+                "not_found",
+            )
+
+
+async def check_parent(
+    gw: Gateway, tenant: str, spec: JobSpec, loc: tuple[str, ...] = ("body",)
+) -> AdapterVersion | None:
+    """Refuse at once a ``from_adapter`` that is unknown, another tenant's, or trained on
+    another base model; the parent version when there is one. The scheduler checks again when
+    it pins the versions (which also covers jobs submitted over NATS, and a base model named
+    without a version)."""
+    if spec.from_adapter is None:
+        return None
+    request = GetAdapter(name=spec.from_adapter, tenant=tenant)
+    try:
+        parent = await gw.registry.call("adapters.get", request, AdapterVersion)
+    except Refused as exc:
+        if exc.code != "not_found":
+            raise
+        raise field_error(
+            422,
+            [*loc, "from_adapter"],
+            f"adapter {spec.from_adapter} not found for tenant {tenant}",
+            "not_found",
+        ) from exc
+    base = Ref.parse_versioned(spec.base_model)
+    mismatch = parent.lineage.base_model_mismatch(base.name, base.version)
+    if mismatch is not None:
+        raise field_error(
+            422,
+            [*loc, "from_adapter"],
+            f"adapter {spec.from_adapter} was {mismatch}, not on {spec.base_model}",
+        )
+    return parent
+
+
+async def check_base_model(gw: Gateway, spec: JobSpec, loc: tuple[str, ...] = ("body",)) -> None:
+    """Refuse at once a base model the registry does not know, and a LoRA ``target_modules``
+    entry that names no module of it (when the registry knows its modules). With the registry
+    away the job is accepted: the scheduler checks the model again when it pins the version,
+    and a job it cannot place fails with the reason."""
+    ref = Ref.parse_versioned(spec.base_model)
+    try:
+        model = await gw.registry.call(
+            "models.get", GetModel(name=ref.name, version=ref.version), ModelVersion
+        )
+    except Unavailable:
+        return
+    except Refused as exc:
+        if exc.code != "not_found":
+            raise
+        raise field_error(
+            422,
+            [*loc, "base_model"],
+            f"unknown base model {spec.base_model}: see GET /v1/models",
+            "not_found",
+        ) from exc
+    targets = spec.lora.target_modules
+    if not model.modules or not isinstance(targets, list):
+        return
+    known = set(model.modules)
+    for index, entry in enumerate(targets):
+        # PEFT matches an entry against the end of each module's dotted name.
+        if entry.rsplit(".", 1)[-1] not in known:
+            raise field_error(
+                422,
+                [*loc, "lora", "target_modules", index],
+                f"{model.name}@{model.version} has no module {entry!r}; "
+                f"its modules with weights: {', '.join(model.modules)} (or 'all-linear')",
+            )

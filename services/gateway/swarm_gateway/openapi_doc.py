@@ -1,0 +1,136 @@
+"""The OpenAPI document as a contract: every status each operation can answer, declared with
+its error body, so that nothing undocumented comes back; and OpenAPI links between operations
+(a submitted job -> get, cancel, events, metrics; a job -> its adapter's download), which
+clients and stateful fuzzers (schemathesis) follow.
+
+The statuses come from a few sources, shared by whole routers: auth (401), validation and the
+up-front checks (422), NATS or a service away (503, ``swarm_gateway.state``), and the services'
+refusals mapped in ``swarm_gateway.errors`` (403, 404, 409, 422, 502).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+
+class FieldError(BaseModel):
+    loc: list[str | int] = Field(description="where: body/query/path/header, then the field")
+    msg: str
+    type: str
+
+
+class ErrorBody(BaseModel):
+    """``{"detail": "why"}``, or the list of bad fields (422)."""
+
+    detail: str | list[FieldError]
+
+
+class OpenAIErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class OpenAIErrorBody(BaseModel):
+    """OpenAI's error shape, on the OpenAI-compatible routes."""
+
+    error: OpenAIErrorDetail
+
+
+_WHY = {
+    400: "a field the OpenAI-compatible API does not support, or a bad value",
+    401: "missing or unknown API key",
+    403: "needs an admin key, or the service refused the caller",
+    404: "not found (another tenant's is indistinguishable from a missing one)",
+    409: "conflicts with the current state (an alias holds the version, a concurrent change)",
+    413: "upload larger than SWARM_MAX_UPLOAD_BYTES",
+    422: "a field is invalid; `detail` names it",
+    429: "the inference workers are overloaded; retry later",
+    502: "a service behind the gateway failed, or stored files do not match their sha256",
+    503: "NATS or the service that answers this is not reachable; `detail` says which and why",
+}
+
+# What every /v1 route can answer, and what each router adds.
+COMMON = (401, 422, 503)
+REFUSALS = (403, 404, 409, 502)
+ROUTER_STATUSES: dict[str, tuple[int, ...]] = {
+    "jobs": (*COMMON, *REFUSALS),
+    "sweeps": (*COMMON, *REFUSALS),
+    "datasets": (*COMMON, *REFUSALS, 413),
+    "models": (*COMMON, *REFUSALS, 413),
+    "adapters": (*COMMON, *REFUSALS),
+    "workers": (*COMMON, 403),
+    "inference": (400, 401, 403, 404, 409, 429, 502, 503),
+}
+
+
+def responses(router: str) -> dict[int | str, dict[str, Any]]:
+    """The ``responses`` to declare for every operation of ``router``."""
+    model = OpenAIErrorBody if router == "inference" else ErrorBody
+    return {code: {"model": model, "description": _WHY[code]} for code in ROUTER_STATUSES[router]}
+
+
+# (path, method, status) -> links: name -> (target path, target method, parameters).
+_LINKS: dict[tuple[str, str, str], dict[str, tuple[str, str, dict[str, Any]]]] = {}
+
+
+def _job_links(source: str) -> dict[str, tuple[str, str, dict[str, Any]]]:
+    job = {"job_id": f"$response.body#/{source}"}
+    return {
+        "GetJob": ("/v1/jobs/{job_id}", "get", job),
+        "CancelJob": ("/v1/jobs/{job_id}/cancel", "post", job),
+        "JobEvents": ("/v1/jobs/{job_id}/events", "get", job),
+        "JobMetrics": ("/v1/jobs/{job_id}/metrics", "get", job),
+    }
+
+
+for _status in ("200", "201", "202"):
+    _LINKS[("/v1/jobs", "post", _status)] = _job_links("job_id")
+_LINKS[("/v1/jobs/{job_id}", "get", "200")] = {
+    **_job_links("job_id"),
+    "DownloadAdapter": (
+        "/v1/adapters/{name}/versions/{version}/download",
+        "get",
+        {"name": "$response.body#/adapter/name", "version": "$response.body#/adapter/version"},
+    ),
+}
+_LINKS[("/v1/jobs/{job_id}/cancel", "post", "202")] = {
+    "GetJob": ("/v1/jobs/{job_id}", "get", {"job_id": "$response.body#/job_id"}),
+    "JobEvents": ("/v1/jobs/{job_id}/events", "get", {"job_id": "$response.body#/job_id"}),
+}
+for _status in ("200", "201"):
+    _LINKS[("/v1/datasets", "post", _status)] = {
+        "GetDataset": ("/v1/datasets/{dataset_id}", "get", {"dataset_id": "$response.body#/id"}),
+        "DatasetStats": (
+            "/v1/datasets/{dataset_id}/stats",
+            "get",
+            {"dataset_id": "$response.body#/id"},
+        ),
+    }
+_ADAPTER = {"name": "$response.body#/name", "version": "$response.body#/version"}
+_LINKS[("/v1/adapters/{name}", "get", "200")] = {
+    "GetAdapterVersion": ("/v1/adapters/{name}/versions/{version}", "get", _ADAPTER),
+    "AdapterLineage": ("/v1/adapters/{name}/versions/{version}/lineage", "get", _ADAPTER),
+    "DownloadAdapter": ("/v1/adapters/{name}/versions/{version}/download", "get", _ADAPTER),
+}
+
+
+def add_links(document: dict[str, Any]) -> dict[str, Any]:
+    """``document`` with the links above, by the target operations' ``operationId``."""
+    paths = document["paths"]
+    for (path, method, status), links in _LINKS.items():
+        response = paths.get(path, {}).get(method, {}).get("responses", {}).get(status)
+        if response is None:
+            continue
+        response["links"] = {
+            name: {
+                "operationId": paths[target][target_method]["operationId"],
+                "parameters": parameters,
+            }
+            for name, (target, target_method, parameters) in links.items()
+            if target in paths and target_method in paths[target]
+        }
+    return document

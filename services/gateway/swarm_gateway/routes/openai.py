@@ -1,0 +1,327 @@
+"""OpenAI-compatible ``POST /v1/chat/completions`` and ``POST /v1/completions``.
+
+``model`` is a base model (``tiny-llama``, ``tiny-llama@1``) or one of the caller's adapters
+(``support-bot``, ``support-bot@3``, ``support-bot@production``). Streams are Server-Sent
+Events in OpenAI's chunk format ending with ``data: [DONE]``; errors use OpenAI's shape
+(``swarm_gateway.openai_errors``). Supported: ``max_tokens`` (``max_completion_tokens``),
+``temperature``, ``top_p``, ``stop``, ``seed``, ``n`` = 1, ``stream`` and
+``stream_options.include_usage``; other OpenAI fields are ignored, except those whose
+absence would change the answer (``n`` > 1, ``tools``, ``logprobs``, ``echo``, ...): 400.
+
+The HTTP status is decided by the first chunk that is not bookkeeping (text, done or an
+error), so an unknown adapter, a prompt over the context or a full worker is a 4xx/5xx, not
+a 200 with an error inside; ``x-swarm-model`` and ``x-swarm-worker`` name what answered.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Depends
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from swarm_contracts.inference import MAX_STOP_STRINGS, ROLES, ChatMessage, GenerateChunk
+from swarm_contracts.inference import GenerateRequest as WorkerRequest
+from swarm_gateway.auth import Tenant
+from swarm_gateway.inference import Target, generate, resolve
+from swarm_gateway.openai_errors import OpenAIError
+from swarm_gateway.state import Gateway, get_gateway
+
+router = APIRouter(tags=["inference"])
+GW = Annotated[Gateway, Depends(get_gateway)]
+# OpenAI's documented default for /v1/completions; chat defaults to what the context leaves.
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    include_usage: bool = False
+
+
+class _Sampling(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    model: str = Field(min_length=1, max_length=200)
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    n: int | None = Field(default=None, ge=1)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    logprobs: Any = None
+    top_logprobs: Any = None
+
+
+class ChatMessageIn(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    role: str
+    content: str | list[dict[str, Any]] | None = None
+
+
+class ChatCompletionRequest(_Sampling):
+    messages: list[ChatMessageIn] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    tools: list[Any] | None = None
+    functions: list[Any] | None = None
+
+
+class CompletionRequest(_Sampling):
+    prompt: str | list[str]
+    echo: bool = False
+    best_of: int | None = Field(default=None, ge=1)
+    suffix: str | None = None
+
+
+def _refuse(param: str, message: str) -> OpenAIError:
+    return OpenAIError(400, message, param=param, code="unsupported_parameter")
+
+
+def _common_checks(gw: Gateway, body: _Sampling, max_tokens: int | None) -> list[str]:
+    if body.n not in (None, 1):
+        raise _refuse("n", "only n=1 is supported")
+    if body.logprobs not in (None, False, 0) or body.top_logprobs not in (None, 0):
+        raise _refuse("logprobs", "logprobs are not supported")
+    limit = gw.settings.inference_max_tokens
+    if max_tokens is not None and max_tokens > limit:
+        raise OpenAIError(
+            400,
+            f"max_tokens is {max_tokens}, over this service's limit of {limit}",
+            param="max_tokens",
+            code="invalid_value",
+        )
+    stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+    if len(stop) > MAX_STOP_STRINGS or not all(stop):
+        raise OpenAIError(
+            400,
+            f"stop takes up to {MAX_STOP_STRINGS} non-empty strings",
+            param="stop",
+            code="invalid_value",
+        )
+    return stop
+
+
+def _messages(body: ChatCompletionRequest) -> list[ChatMessage]:
+    messages = []
+    for i, message in enumerate(body.messages):
+        if message.role not in ROLES:
+            raise OpenAIError(
+                400,
+                f"messages[{i}].role {message.role!r} is not supported (use one of {ROLES})",
+                param=f"messages.{i}.role",
+                code="invalid_value",
+            )
+        content = message.content
+        if isinstance(content, list):
+            parts = []
+            for part in content:
+                if part.get("type") != "text" or not isinstance(part.get("text"), str):
+                    raise OpenAIError(
+                        400,
+                        f"messages[{i}].content: only text parts are supported",
+                        param=f"messages.{i}.content",
+                        code="invalid_value",
+                    )
+                parts.append(part["text"])
+            content = "".join(parts)
+        if content is None:
+            raise OpenAIError(
+                400,
+                f"messages[{i}].content is required",
+                param=f"messages.{i}.content",
+                code="invalid_value",
+            )
+        messages.append(ChatMessage(role=message.role, content=content))
+    return messages
+
+
+def _worker_request(
+    target: Target,
+    tenant: str,
+    body: _Sampling,
+    max_tokens: int | None,
+    stop: list[str],
+    **inputs: Any,
+) -> WorkerRequest:
+    return WorkerRequest(
+        request_id=uuid.uuid4().hex[:24],
+        tenant=tenant,
+        base_model=target.base_model,
+        base_model_version=target.base_model_version,
+        adapter=target.adapter,
+        max_tokens=max_tokens,
+        temperature=1.0 if body.temperature is None else body.temperature,
+        top_p=1.0 if body.top_p is None else body.top_p,
+        stop=stop,
+        seed=body.seed,
+        **inputs,
+    )
+
+
+async def _whole(
+    gw: Gateway,
+    request: WorkerRequest,
+    target: Target,
+    kind: Literal["chat", "text"],
+    completion_id: str,
+    created: int,
+) -> JSONResponse:
+    """A non-streamed answer. The caller has seen nothing yet, so a worker lost even after
+    some text is no failure: the request starts again on another worker (with a seed, the
+    same answer)."""
+    rounds = gw.settings.inference_attempts
+    for round_ in range(1, rounds + 1):
+        this = request.model_copy(update={"request_id": f"{request.request_id}r{round_}"})
+        parts: list[str] = []
+        last: GenerateChunk | None = None
+        try:
+            async for chunk in generate(gw, this):
+                parts.append(chunk.text)
+                last = chunk
+        except OpenAIError as exc:
+            if exc.code == "worker_lost" and parts and round_ < rounds:
+                continue
+            raise
+        break
+    assert last is not None
+    text = "".join(parts)
+    if kind == "chat":
+        choice: dict[str, Any] = {
+            "index": 0,
+            "message": {"role": "assistant", "content": text},
+            "finish_reason": last.finish_reason,
+            "logprobs": None,
+        }
+    else:
+        choice = {"index": 0, "text": text, "finish_reason": last.finish_reason, "logprobs": None}
+    return JSONResponse(
+        {
+            "id": completion_id,
+            "object": "chat.completion" if kind == "chat" else "text_completion",
+            "created": created,
+            "model": target.label,
+            "choices": [choice],
+            "usage": last.usage.model_dump() if last.usage else None,
+            "system_fingerprint": None,
+        },
+        headers={"x-swarm-model": target.label, "x-swarm-worker": last.worker_id},
+    )
+
+
+async def _answer(
+    gw: Gateway,
+    request: WorkerRequest,
+    target: Target,
+    body: _Sampling,
+    *,
+    kind: Literal["chat", "text"],
+) -> JSONResponse | StreamingResponse:
+    created = int(time.time())
+    prefix = "chatcmpl" if kind == "chat" else "cmpl"
+    completion_id = f"{prefix}-{request.request_id}"
+    if not body.stream:
+        return await _whole(gw, request, target, kind, completion_id, created)
+    chunks = generate(gw, request)
+    first = await anext(chunks)  # errors before any text become the HTTP status
+    headers = {"x-swarm-model": target.label, "x-swarm-worker": first.worker_id}
+
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+
+    def event(choices: list[dict[str, Any]], usage: Any = None) -> bytes:
+        payload: dict[str, Any] = {
+            "id": completion_id,
+            "object": "chat.completion.chunk" if kind == "chat" else "text_completion",
+            "created": created,
+            "model": target.label,
+            "choices": choices,
+        }
+        if include_usage:
+            payload["usage"] = usage
+        return f"data: {json.dumps(payload)}\n\n".encode()
+
+    def choice(text: str | None, finish: str | None) -> dict[str, Any]:
+        if kind == "chat":
+            delta = {} if text is None else {"content": text}
+            return {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
+        return {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}
+
+    async def sse() -> AsyncIterator[bytes]:
+        if kind == "chat":
+            yield event(
+                [
+                    {
+                        "index": 0,
+                        "delta": {"role": "assistant", "content": ""},
+                        "finish_reason": None,
+                        "logprobs": None,
+                    }
+                ]
+            )
+        try:
+            chunk: GenerateChunk | None = first
+            while chunk is not None:
+                if chunk.kind == "text":
+                    yield event([choice(chunk.text, None)])
+                else:  # done
+                    yield event([choice(None, chunk.finish_reason)])
+                    if include_usage and chunk.usage is not None:
+                        yield event([], chunk.usage.model_dump())
+                chunk = await anext(chunks, None)
+        except OpenAIError as exc:
+            # Mid-stream: the status is already sent; OpenAI's clients raise on this event.
+            yield f"data: {json.dumps(exc.body())}\n\n".encode()
+            return
+        finally:
+            await chunks.aclose()
+        yield b"data: [DONE]\n\n"
+
+    return StreamingResponse(
+        sse(),
+        media_type="text/event-stream",
+        headers={**headers, "cache-control": "no-cache", "x-accel-buffering": "no"},
+    )
+
+
+@router.post("/v1/chat/completions", response_model=None)
+async def chat_completions(
+    body: ChatCompletionRequest, gw: GW, tenant: Tenant
+) -> JSONResponse | StreamingResponse:
+    """A chat completion, rendered with the base model's chat template."""
+    if body.tools or body.functions:
+        raise _refuse("tools", "tools and functions are not supported")
+    max_tokens = body.max_completion_tokens or body.max_tokens
+    stop = _common_checks(gw, body, max_tokens)
+    messages = _messages(body)
+    target = await resolve(gw, body.model, tenant)
+    request = _worker_request(target, tenant, body, max_tokens, stop, messages=messages)
+    return await _answer(gw, request, target, body, kind="chat")
+
+
+@router.post("/v1/completions", response_model=None)
+async def completions(
+    body: CompletionRequest, gw: GW, tenant: Tenant
+) -> JSONResponse | StreamingResponse:
+    """A text completion of ``prompt`` (one string)."""
+    if body.echo:
+        raise _refuse("echo", "echo is not supported")
+    if body.best_of not in (None, 1):
+        raise _refuse("best_of", "only best_of=1 is supported")
+    if body.suffix:
+        raise _refuse("suffix", "suffix is not supported")
+    prompt = body.prompt
+    if isinstance(prompt, list):
+        if len(prompt) != 1:
+            raise _refuse("prompt", "give one prompt per request")
+        prompt = prompt[0]
+    max_tokens = body.max_tokens or COMPLETIONS_DEFAULT_MAX_TOKENS
+    stop = _common_checks(gw, body, max_tokens)
+    target = await resolve(gw, body.model, tenant)
+    request = _worker_request(target, tenant, body, max_tokens, stop, prompt=prompt)
+    return await _answer(gw, request, target, body, kind="text")

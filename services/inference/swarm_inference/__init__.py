@@ -1,0 +1,1 @@
+"""Swarm's inference worker: base models held once, LoRA adapters batched together."""

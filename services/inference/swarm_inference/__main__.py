@@ -1,0 +1,4 @@
+from swarm_inference.app import main
+
+if __name__ == "__main__":
+    main()

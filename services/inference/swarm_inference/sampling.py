@@ -1,0 +1,72 @@
+"""Choosing each row's next token: greedy at temperature 0, else temperature + nucleus (top_p).
+
+Sampled rows draw from their own seeded ``torch.Generator`` on the CPU, so a request with a
+seed gives the same tokens whatever else shares its batch, and on any device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    # Generate max_tokens whatever the model says (benchmarks: equal work on every side).
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise ValueError("max_tokens must be at least 1")
+        if self.temperature < 0:
+            raise ValueError("temperature must be >= 0")
+        if not 0 < self.top_p <= 1:
+            raise ValueError("top_p must be in (0, 1]")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def generator_for(params: SamplingParams) -> torch.Generator | None:
+    if params.greedy:
+        return None
+    generator = torch.Generator()
+    if params.seed is None:
+        generator.seed()
+    else:
+        generator.manual_seed(params.seed)
+    return generator
+
+
+def nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Zero the tail of ``probs`` (1-D) outside the smallest set whose mass reaches top_p."""
+    if top_p >= 1.0:
+        return probs
+    sorted_probs, order = torch.sort(probs, descending=True)
+    before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs  # mass of the tokens ahead
+    sorted_probs[before >= top_p] = 0.0  # the first token always stays (before == 0)
+    return torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
+
+
+def next_tokens(
+    logits: torch.Tensor,
+    params: list[SamplingParams],
+    generators: list[torch.Generator | None],
+) -> list[int]:
+    """One token per row of ``logits`` ([rows, vocab])."""
+    chosen = logits.argmax(dim=-1).tolist()
+    sampled = [i for i, p in enumerate(params) if not p.greedy]
+    if sampled:
+        rows = logits[sampled].float().cpu()
+        for row, i in zip(rows, sampled, strict=True):
+            probs = torch.softmax(row / params[i].temperature, dim=-1)
+            probs = nucleus(probs, params[i].top_p)
+            chosen[i] = int(torch.multinomial(probs, 1, generator=generators[i]).item())
+    return chosen

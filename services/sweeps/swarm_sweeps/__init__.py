@@ -1,0 +1,1 @@
+"""The sweeps service: hyperparameter sweeps whose trials are ordinary jobs."""

@@ -1,0 +1,110 @@
+"""Points where tests look into the training loop or break it. A job runs with ``LoopHooks``,
+which does nothing; tests pass one of the others through ``run_job(hooks=...)``.
+
+They live in the package, not in the tests, because Ray unpickles them in its worker
+processes, which import ``swarm_trainer`` but not the test modules. Ray's controller process
+unpickles the loop config too, so this module imports no torch or peft at its top: what the
+test hooks need they import when they run (in a worker, where it is loaded already).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from swarm_contracts.layout import join_key, run_key
+
+if TYPE_CHECKING:
+    import torch
+
+    from swarm_contracts.jobs import TrainingSpec
+    from swarm_contracts.workers import Assignment
+    from swarm_runtime.store import ObjectStore
+    from swarm_trainer.step import StepResult
+    from swarm_trainer.train_state import TrainState
+
+
+class Recipe(Protocol):
+    """What a hook may read of a rank's run (``recipe.Recipe`` is one; a protocol, so that
+    this module does not import the loop that calls it)."""
+
+    job: Assignment
+    rank: int
+    store: ObjectStore
+    peft_model: Any
+    sharding: Any  # sharding.Replicated or .Sharded
+
+    @property
+    def training(self) -> TrainingSpec: ...
+
+
+class LoopHooks:
+    """Called on every rank; each does nothing here."""
+
+    def before_step(self, recipe: Recipe, state: TrainState) -> None:
+        """Before step ``state.step + 1`` (and before the cancel check)."""
+
+    def after_step(self, recipe: Recipe, result: StepResult) -> None:
+        """After each optimizer step."""
+
+    def after_training(self, recipe: Recipe) -> None:
+        """After the last step, before rank 0 saves the best adapter."""
+
+
+@dataclass
+class CrashBeforeStep(LoopHooks):
+    """Rank 0's worker process dies once before ``step``, leaving a partial checkpoint
+    directory for step - 1 as a crash in the middle of an upload would. ``marker`` (a local
+    file) records the step it died after, and keeps the restarted run from dying again."""
+
+    step: int
+    marker: str
+
+    def before_step(self, recipe: Recipe, state: TrainState) -> None:
+        from swarm_trainer.checkpoint import ADAPTER_FILE, checkpoint_dir_name, wait_committed
+
+        done = state.step
+        if recipe.rank != 0 or done + 1 != self.step or os.path.exists(self.marker):
+            return
+        job, store = recipe.job, recipe.store
+        # Wait until the last checkpoint is committed, so the test knows which step resumes.
+        last = done - done % recipe.training.checkpoint_every
+        wait_committed(store, job.job_id, job.attempt, last)
+        Path(self.marker).write_text(str(done))
+        partial = join_key(run_key(job.job_id, job.attempt), checkpoint_dir_name(done))
+        store.put_bytes(join_key(partial, ADAPTER_FILE), b"half-written")
+        os._exit(1)
+
+
+@dataclass
+class RecordRanks(LoopHooks):
+    """Each rank writes ``rank<N>.json`` into ``trace_dir``: the examples it trained on and a
+    digest of its final adapter weights."""
+
+    trace_dir: str
+    sources: list[int] = field(default_factory=list)
+
+    def after_step(self, recipe: Recipe, result: StepResult) -> None:
+        self.sources += result.sources
+
+    def after_training(self, recipe: Recipe) -> None:
+        # A collective under fsdp: every rank calls it.
+        weights = recipe.sharding.adapter_weights(recipe.peft_model)
+        trace = {
+            "rank": recipe.rank,
+            "sources": self.sources,
+            "adapter_digest": digest(weights),
+        }
+        Path(self.trace_dir, f"rank{recipe.rank}.json").write_text(json.dumps(trace))
+
+
+def digest(tensors: dict[str, torch.Tensor]) -> str:
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        h.update(name.encode())
+        h.update(tensors[name].detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()

@@ -1,0 +1,54 @@
+"""The shipped nats-server configs fsync every JetStream write before acknowledging it, and
+the cluster config is a valid nats-server config (docs/reliability.md)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from swarm_runtime.settings import Settings
+
+NATS_DIR = Path(__file__).resolve().parents[2] / "deploy" / "nats"
+CONFIGS = ["nats.conf", "nats-auth.conf", "nats-cluster.conf"]
+
+
+def nats_server_version() -> tuple[int, int] | None:
+    binary = shutil.which("nats-server") or "/usr/sbin/nats-server"
+    try:
+        out = subprocess.run([binary, "--version"], capture_output=True, text=True).stdout
+    except OSError:
+        return None
+    found = re.search(r"v(\d+)\.(\d+)", out)
+    return (int(found[1]), int(found[2])) if found else None
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_every_config_syncs_always(name: str) -> None:
+    text = (NATS_DIR / name).read_text()
+    jetstream = re.search(r"jetstream \{(.*?)\}", text, re.S)
+    assert jetstream is not None
+    assert re.search(r"^\s*sync_interval:\s*always\s*$", jetstream[1], re.M)
+
+
+def test_the_cluster_config_is_three_routed_nodes() -> None:
+    text = (NATS_DIR / "nats-cluster.conf").read_text()
+    assert re.search(r"cluster \{.*routes:", text, re.S)
+    assert "SWARM_JS_REPLICAS=3" in text
+    assert Settings(js_replicas=3).js_replicas == 3
+
+
+@pytest.mark.skipif(
+    (nats_server_version() or (0, 0)) < (2, 10), reason="sync_interval needs nats-server 2.10+"
+)
+@pytest.mark.parametrize("name", CONFIGS)
+def test_nats_server_accepts_the_config(name: str, tmp_path: Path) -> None:
+    conf = tmp_path / name
+    conf.write_text((NATS_DIR / name).read_text().replace("/data", str(tmp_path / "js")))
+    binary = shutil.which("nats-server") or "/usr/sbin/nats-server"
+    env = {"NATS_SERVER_NAME": "n1", "NATS_ROUTES": "nats://127.0.0.1:6223"}
+    result = subprocess.run([binary, "-c", str(conf), "-t"], capture_output=True, env=env)
+    assert result.returncode == 0, result.stderr

@@ -1,0 +1,94 @@
+"""Operating real trainer agents: drain one with move_jobs, stop another with SIGTERM, uncordon.
+
+Each hand-back commits a checkpoint of the step the run had reached (no periodic checkpoint is
+due here: only the hand-backs save one) and the job is requeued at once, long before any lease
+or heartbeat timeout (set to a minute here) could have moved it; the next attempt resumes
+exactly from that step.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+
+import httpx
+import pytest
+
+from swarm_contracts.jobs import JobState
+
+from .conftest import Procs, done
+
+pytestmark = pytest.mark.slow
+
+PATIENT = {"SWARM_WORKER_TIMEOUT_S": "60", "SWARM_ASSIGN_TIMEOUT_S": "60"}
+
+
+def test_drain_and_sigterm_hand_a_job_back_from_a_checkpoint_at_once(procs: Procs) -> None:
+    for svc in ("gateway", "registry", "scheduler"):
+        procs.start(svc, svc, **PATIENT)
+    procs.wait_gateway()
+    dataset = procs.prepare_inputs()
+    for worker in ("t1", "t2"):
+        procs.start(worker, "trainer", SWARM_WORKER_ID=worker, **PATIENT)
+    for worker in ("t1", "t2"):
+        procs.wait_worker(worker, lambda w: w["state"] == "alive", timeout=120)
+    job_id = procs.submit(dataset, "ops", steps=400, checkpoint_every=1000)
+    first = procs.wait(job_id, lambda r: r.metrics.get("step", 0) >= 3)
+    assert first.worker_id is not None
+    other = "t2" if first.worker_id == "t1" else "t1"
+
+    # Drain with move: the job leaves the drained worker from a fresh checkpoint.
+    r = procs.http.post(f"/v1/workers/{first.worker_id}/drain", json={"move_jobs": True})
+    assert r.status_code == 200, r.text
+    second = procs.wait(
+        job_id, lambda r: r.attempt == 2 and r.state == JobState.running, timeout=120
+    )
+    assert second.worker_id == other
+    events = procs_events(procs, job_id)
+    [released] = [e for e in events if e["event"] == "released"]
+    assert released["attempt"] == 1
+    assert released["worker_id"] == first.worker_id
+    assert released["last_checkpoint_step"] >= 3
+    started = [e for e in events if e["event"] == "started"]
+    assert started[-1]["resumed_from_step"] == released["last_checkpoint_step"]
+
+    # SIGTERM to the agent alone (its Ray processes must live to save the checkpoint).
+    procs.wait(job_id, lambda r: r.metrics.get("step", 0) >= released["last_checkpoint_step"] + 3)
+    sent = time.monotonic()
+    procs.procs[other].send_signal(signal.SIGTERM)
+    requeued = procs.wait(job_id, lambda r: r.state == JobState.queued, timeout=60)
+    handed_back_s = time.monotonic() - sent
+    assert requeued.attempt == 2
+    assert procs.procs[other].wait(60) == 0
+    assert handed_back_s < 30, handed_back_s  # the lease (60 s) never came into it
+    gone = procs.wait_worker(other, lambda w: w["state"] == "gone", timeout=10)
+    assert gone["running"] == []
+
+    # Nobody takes it (the only live worker is drained) until the drain ends.
+    time.sleep(2)
+    assert procs.job(job_id).state == JobState.queued
+    assert procs.http.post(f"/v1/workers/{first.worker_id}/uncordon").status_code == 200
+    record = procs.wait(job_id, done, timeout=240)
+    assert record.state == JobState.succeeded
+    assert (record.attempt, record.worker_id) == (3, first.worker_id)
+    events = procs.events(job_id)
+    releases = [e for e in events if e["event"] == "released"]
+    assert [e["attempt"] for e in releases] == [1, 2]
+    started = [e for e in events if e["event"] == "started"]
+    assert started[-1]["resumed_from_step"] == releases[-1]["last_checkpoint_step"]
+    assert releases[-1]["last_checkpoint_step"] > releases[0]["last_checkpoint_step"]
+    assert not [e for e in events if e["event"] in ("failed", "cancelled")]
+
+
+def procs_events(procs: Procs, job_id: str) -> list[dict]:
+    """The job's events so far (the SSE stream of a running job never ends by itself)."""
+    out: list[dict] = []
+    with procs.http.stream("GET", f"/v1/jobs/{job_id}/events", timeout=5) as r:
+        try:
+            for line in r.iter_lines():
+                if line.startswith("data:"):
+                    out.append(json.loads(line[5:])["data"])
+        except httpx.ReadTimeout:  # the history has been sent
+            pass
+    return out

@@ -1,0 +1,286 @@
+"""The rules of the house, read from the source: who may import and depend on whom.
+
+* Services talk over NATS only: no service imports another.
+* ``swarm_contracts`` is pydantic and the standard library only; the SDK and every service
+  depend on it. ``swarm_runtime`` (broker, store, telemetry, settings) is for services only.
+* Heavy ML (torch, ray, peft, transformers, ...) only in the trainer and inference services.
+* The SDK imports the contracts and nothing of the services' runtime, and ``pip install``
+  of it brings none of the runtime's packages (checked in a fresh virtual environment).
+* No two modules of a package import each other, directly or round a circle.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SERVICES = sorted(p.parent.name for p in (ROOT / "services").glob("*/pyproject.toml"))
+ML_SERVICES = {"trainer", "inference"}
+HEAVY = {"torch", "ray", "peft", "transformers", "bitsandbytes", "liger_kernel", "vllm"}
+# What the services' runtime brings; none of it may come with the SDK.
+RUNTIME_DISTRIBUTIONS = {
+    "faststream",
+    "nats-py",
+    "minio",
+    "nkeys",
+    "opentelemetry-api",
+    "opentelemetry-sdk",
+    "prometheus-client",
+    "pydantic-settings",
+    "swarm-runtime",
+    "torch",
+}
+
+
+def imported_modules(package_dir: Path) -> dict[str, set[str]]:
+    """Top-level modules imported by each .py file below ``package_dir`` (lazy imports and
+    ``importlib.import_module("x")`` included)."""
+    found: dict[str, set[str]] = {}
+    for path in sorted(package_dir.rglob("*.py")):
+        if any(part.endswith(".egg-info") or part in ("build", ".venv") for part in path.parts):
+            continue
+        tree = ast.parse(path.read_text(), filename=str(path))
+        mods: set[str] = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                mods.update(alias.name.split(".")[0] for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                mods.add(node.module.split(".")[0])
+            elif (
+                isinstance(node, ast.Call)
+                and getattr(node.func, "attr", getattr(node.func, "id", None))
+                in ("import_module", "__import__")
+                and node.args
+                and isinstance(node.args[0], ast.Constant)
+                and isinstance(node.args[0].value, str)
+            ):
+                mods.add(node.args[0].value.split(".")[0])
+        found[str(path.relative_to(ROOT))] = mods
+    return found
+
+
+def offending(package_dir: Path, forbidden: set[str]) -> dict[str, list[str]]:
+    return {
+        path: sorted(mods & forbidden)
+        for path, mods in imported_modules(package_dir).items()
+        if mods & forbidden
+    }
+
+
+def requirement_names(pyproject: Path, skip_extras: tuple[str, ...] = ()) -> list[str]:
+    project = tomllib.loads(pyproject.read_text()).get("project", {})
+    reqs = list(project.get("dependencies", []))
+    for name, extra in project.get("optional-dependencies", {}).items():
+        if name not in skip_extras:
+            reqs.extend(extra)
+    names = []
+    for req in reqs:
+        match = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", req)
+        assert match, f"{pyproject}: cannot parse {req!r}"
+        names.append(re.sub(r"[-_.]+", "-", match.group(1)).lower())
+    return names
+
+
+def test_the_services_are_found() -> None:
+    assert {"gateway", "scheduler", "trainer", "registry", "telemetry"} <= set(SERVICES)
+
+
+# --- packages ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", SERVICES)
+def test_service_package(name: str) -> None:
+    path = ROOT / "services" / name / "pyproject.toml"
+    project = tomllib.loads(path.read_text())["project"]
+    assert project["name"] == f"swarm-{name}"
+    assert {"swarm-contracts", "swarm-runtime"} <= set(requirement_names(path))
+    assert (ROOT / "services" / name / f"swarm_{name}" / "__main__.py").is_file()
+
+
+@pytest.mark.parametrize("name", [*SERVICES, "libs/contracts", "libs/runtime", "sdk"])
+def test_only_ml_services_depend_on_heavy_ml(name: str) -> None:
+    base = ROOT / (name if "/" in name or name == "sdk" else f"services/{name}")
+    names = {n.replace("-", "_") for n in requirement_names(base / "pyproject.toml")}
+    if name in ML_SERVICES:
+        assert names & HEAVY, f"{name} should declare what it imports of {HEAVY}"
+    else:
+        assert not names & HEAVY, f"{name} must stay light but depends on {names & HEAVY}"
+
+
+def test_contracts_depend_on_pydantic_only() -> None:
+    assert requirement_names(ROOT / "libs" / "contracts" / "pyproject.toml") == ["pydantic"]
+
+
+def test_sdk_depends_on_contracts_not_runtime() -> None:
+    pyproject = ROOT / "sdk" / "pyproject.toml"
+    # The one opt-in exception: an admin's `swarm providers add` makes nkey users.
+    names = set(requirement_names(pyproject, skip_extras=("providers",)))
+    assert "swarm-contracts" in names
+    assert not names & RUNTIME_DISTRIBUTIONS, names & RUNTIME_DISTRIBUTIONS
+    extras = tomllib.loads(pyproject.read_text())["project"]["optional-dependencies"]
+    assert [n.split(">")[0] for n in extras["providers"]] == ["nkeys"]
+
+
+# --- imports ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", SERVICES)
+def test_services_do_not_import_each_other(name: str) -> None:
+    forbidden = {f"swarm_{other}" for other in SERVICES if other != name} | {"swarm"}
+    bad = offending(ROOT / "services" / name, forbidden)
+    assert not bad, f"services talk over NATS only, never by import: {bad}"
+
+
+@pytest.mark.parametrize("name", [s for s in SERVICES if s not in ML_SERVICES])
+def test_light_services_import_no_heavy_ml(name: str) -> None:
+    bad = offending(ROOT / "services" / name, HEAVY)
+    assert not bad, f"only {sorted(ML_SERVICES)} may import {sorted(HEAVY)}: {bad}"
+
+
+def test_contracts_import_pydantic_and_the_standard_library_only() -> None:
+    allowed = set(sys.stdlib_module_names) | {"pydantic", "swarm_contracts", "__future__"}
+    bad = {
+        path: sorted(mods - allowed)
+        for path, mods in imported_modules(ROOT / "libs" / "contracts").items()
+        if mods - allowed
+    }
+    assert not bad, f"swarm_contracts is pydantic only: {bad}"
+
+
+def test_runtime_imports_no_service_and_no_heavy_ml() -> None:
+    forbidden = {f"swarm_{s}" for s in SERVICES} | HEAVY | {"swarm"}
+    bad = offending(ROOT / "libs" / "runtime", forbidden)
+    assert not bad, bad
+
+
+def test_sdk_imports_neither_runtime_nor_services() -> None:
+    forbidden = {f"swarm_{s}" for s in SERVICES} | HEAVY | {"swarm_runtime"}
+    # The runtime's own third-party packages too: they would not be installed.
+    forbidden |= {"faststream", "nats", "minio", "opentelemetry", "prometheus_client"}
+    bad = offending(ROOT / "sdk", forbidden)
+    assert not bad, f"the SDK must stay light: {bad}"
+
+
+def module_imports(package: Path) -> dict[str, set[str]]:
+    """Module -> the modules of the same package it imports (lazy and ``TYPE_CHECKING`` ones
+    included: a circle hidden behind either is still a circle for the reader)."""
+    paths = {
+        ".".join(path.relative_to(package.parent).with_suffix("").parts).removesuffix(
+            ".__init__"
+        ): path
+        for path in sorted(package.rglob("*.py"))
+    }
+    graph: dict[str, set[str]] = {}
+    for module, path in paths.items():
+        found: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                for alias in node.names:  # `from pkg import submodule` imports the submodule
+                    sub = f"{node.module}.{alias.name}"
+                    found.add(sub if sub in paths else node.module)
+            elif isinstance(node, ast.Import):
+                found.update(alias.name for alias in node.names)
+        graph[module] = {m for m in found if m in paths and m != module}
+    return graph
+
+
+def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in graph[node]:
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return circles
+
+
+PACKAGES = [
+    *(ROOT / "services" / s / f"swarm_{s}" for s in SERVICES),
+    ROOT / "libs" / "contracts" / "swarm_contracts",
+    ROOT / "libs" / "runtime" / "swarm_runtime",
+    ROOT / "sdk" / "swarm",
+]
+
+
+@pytest.mark.parametrize("package", PACKAGES, ids=lambda p: p.name)
+def test_no_import_circles_within_a_package(package: Path) -> None:
+    assert not import_circles(module_imports(package)), "modules that import each other"
+
+
+def test_an_import_circle_is_found() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert import_circles(graph) == [["a", "b", "c"]]
+
+
+# --- a fresh install ------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_sdk_installs_without_the_runtime(tmp_path: Path) -> None:
+    """``pip install swarm-sdk`` (with its contracts) in a new venv: the client and CLI work
+    and none of the services' runtime came along."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    subprocess.run(
+        [
+            str(python),
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--disable-pip-version-check",
+            str(ROOT / "libs" / "contracts"),
+            str(ROOT / "sdk"),
+        ],
+        check=True,
+        timeout=600,
+    )
+    listed = subprocess.run(
+        [str(python), "-m", "pip", "list", "--format=freeze", "--disable-pip-version-check"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    installed = {line.split("==")[0].lower().replace("_", "-") for line in listed.splitlines()}
+    assert {"swarm-sdk", "swarm-contracts", "httpx", "pydantic"} <= installed
+    assert not installed & RUNTIME_DISTRIBUTIONS, installed & RUNTIME_DISTRIBUTIONS
+    assert not {d for d in installed if d.startswith("opentelemetry")}
+    check = "import swarm; from swarm.client import Client; from swarm.cli import app; print('ok')"
+    out = subprocess.run(
+        [str(python), "-c", check], check=True, capture_output=True, text=True, cwd=tmp_path
+    )
+    assert out.stdout.strip() == "ok"
+    help_text = subprocess.run(
+        [str(venv / "bin" / "swarm"), "--help"], check=True, capture_output=True, text=True
+    ).stdout
+    assert "submit" in help_text
