@@ -8,6 +8,7 @@ const POLL_MS = 1000;
 const MAX_EVENTS = 400;
 const KEY_STORE = "swarm.apiKey";
 const TERMINAL = new Set(["succeeded", "failed", "cancelled"]);
+const FINAL_READS = 10; // reads after the end before a curve short of the last step is final
 const GROUPS = [
   ["queue", ["queued", "assigned"]],
   ["running", ["running"]],
@@ -18,7 +19,8 @@ const state = {
   key: localStorage.getItem(KEY_STORE) || "",
   selected: null, // job id
   record: null, // the selected job's JobRecord
-  metricsFinal: false, // the selected job ended and its metrics were read after that
+  metricsFinal: false, // the selected job ended and its complete metrics were read
+  readsAfterEnd: 0, // metrics reads since the selected job ended
   events: null, // AbortController of the running events stream
   eventCount: 0,
   model: null, // the playground's model: a base model or an adapter id from /v1/models
@@ -223,13 +225,20 @@ async function loadSelected() {
   if (id !== state.selected) return; // another job was picked meanwhile
   state.record = job;
   renderSummary(job);
-  // A finished job's curves no longer change: read them once more after the end, then stop.
+  // A finished job's curves no longer change: read them until they are complete, then stop.
   if (state.metricsFinal) return;
   const ended = TERMINAL.has(job.state);
   const metrics = await api(`v1/jobs/${encodeURIComponent(id)}/metrics?max_points=500`);
   if (id !== state.selected) return;
   window.drawLossChart($("loss-chart"), metrics);
-  state.metricsFinal = ended;
+  // Telemetry may still be taking in the last progress events when the record already says
+  // the job ended: the curve is final once it reaches the record's last step (or after a few
+  // more reads, for a job whose telemetry never comes).
+  const train = metrics.train || [];
+  const drawn = train.length ? train[train.length - 1].step : 0;
+  const last = (job.metrics && job.metrics.step) || 0;
+  if (ended) state.readsAfterEnd += 1;
+  state.metricsFinal = ended && (drawn >= last || state.readsAfterEnd > FINAL_READS);
 }
 
 function describe(name, data) {
@@ -290,6 +299,7 @@ function selectJob(id) {
   state.selected = id;
   state.record = null;
   state.metricsFinal = false;
+  state.readsAfterEnd = 0;
   state.eventCount = 0;
   $("events").replaceChildren();
   $("events-count").textContent = "";
