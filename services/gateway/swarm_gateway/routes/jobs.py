@@ -1,4 +1,4 @@
-"""``/v1/jobs``: submit, list, show, cancel, metrics and the SSE event stream."""
+"""``/v1/jobs``: submit, list, show, cancel, verify, metrics and the SSE event stream."""
 
 from __future__ import annotations
 
@@ -14,12 +14,20 @@ from sse_starlette.sse import EventSourceResponse
 
 from swarm_contracts.envelope import envelope
 from swarm_contracts.events import TERMINAL_EVENTS, CancelRequest
-from swarm_contracts.jobs import JobRecord, JobSpec, JobState, JobSubmission, job_id_for
+from swarm_contracts.jobs import (
+    JobRecord,
+    JobSpec,
+    JobState,
+    JobSubmission,
+    job_id_for,
+    unverifiable,
+)
 from swarm_contracts.memory import MemoryEstimate
 from swarm_contracts.memory_estimate import estimate_memory
 from swarm_contracts.metrics import GetJobMetrics, JobMetrics
 from swarm_contracts.refs import Ref
 from swarm_contracts.registry import GetModel, ModelVersion, continued_spec
+from swarm_contracts.verification import VerifyRequest
 from swarm_gateway.auth import Caller, Principal, Tenant
 from swarm_gateway.errors import field_error
 from swarm_gateway.event_stream import follow, start_sequence
@@ -209,6 +217,35 @@ async def cancel_job(
     return record
 
 
+@router.post(
+    "/{job_id}/verify",
+    status_code=status.HTTP_202_ACCEPTED,
+    response_model=JobRecord,
+    responses={
+        404: {"description": "no such job of the caller's tenant"},
+        409: {
+            "description": "the job is not finished, not succeeded, or has fewer than two "
+            "committed checkpoints to replay between"
+        },
+    },
+)
+async def verify_job(job_id: str, gw: GW, caller: Caller) -> JobRecord:
+    """Replay part of the succeeded job on another worker (of another provider) and compare:
+    the outcome comes as the job's ``verified`` event and in ``verification`` on its record.
+    Asking again for the same attempt changes nothing."""
+    record = await _own_job(gw, caller, job_id)
+    if (problem := unverifiable(record)) is not None:
+        raise HTTPException(status.HTTP_409_CONFLICT, detail=problem)
+    event = envelope("gateway", "swarm.job.verify", VerifyRequest(job_id=job_id), subject=job_id)
+    await gw.publish(
+        gw.subjects.verify(job_id),
+        event.model_dump_json().encode(),
+        stream=gw.subjects.control_stream,
+        headers={"content-type": "application/json"},
+    )
+    return record
+
+
 @router.get("/{job_id}/metrics", response_model=JobMetrics)
 async def job_metrics(
     job_id: str,
@@ -242,6 +279,8 @@ async def job_events(
     start_seq = start_sequence(last_event_id)
 
     async def ends(name: str, data: bytes) -> bool:
+        if name == "verified":  # after a verification the job is over, unless it is rerun
+            return await _job_over(gw, job_id)
         return name in TERMINAL_EVENTS and await _ends_the_job(gw, job_id, data)
 
     events = follow(
@@ -258,16 +297,25 @@ async def job_events(
 
 async def _ends_the_job(gw: Gateway, job_id: str, data: bytes) -> bool:
     """Whether a terminal event ends the job: not when a later attempt has taken over (the
-    late ``failed`` of a worker that lost its lease, say), which the record tells."""
+    late ``failed`` of a worker that lost its lease, say), nor when the attempt is being
+    verified (its ``verified`` event, and what the verification made of the job, follow),
+    which the record tells."""
     try:
         attempt = int(json.loads(data)["data"].get("attempt", 0))
     except (ValueError, KeyError, TypeError, AttributeError):
         return True  # not ours to judge: end as the event says
     found = await gw.jobs.get(job_id)
-    return found is None or found[0].attempt <= attempt
+    if found is None:
+        return True
+    record = found[0]
+    verified = record.verification is not None and record.verification.attempt == attempt
+    return record.attempt <= attempt and not verified
 
 
 async def _job_over(gw: Gateway, job_id: str) -> bool:
     # Asked every idle second of every follower: from memory, not a KV read each time.
     record = await gw.recent_job(job_id)
-    return record is not None and record.state.terminal
+    if record is None or not record.state.terminal:
+        return False
+    # A verification in progress still has its ``verified`` event to come.
+    return record.verification is None or record.verification.outcome != "pending"
