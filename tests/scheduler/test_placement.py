@@ -3,12 +3,14 @@ from typing import Any
 
 from swarm_contracts.jobs import JobRecord, JobSpec, JobState, ResourceSpec, utcnow
 from swarm_contracts.memory import GB, MemoryEstimate
+from swarm_contracts.verification import VerifyTarget
 from swarm_contracts.workers import Gpu, Resources, WorkerInfo
 from swarm_scheduler.placement import (
     Capacity,
     best_fit,
     demand,
     free_capacity,
+    may_replay,
     min_gpu_gb,
     plan,
 )
@@ -210,9 +212,6 @@ def test_placement_skips_a_job_that_does_not_fit_and_backfills_a_smaller_one() -
 
 
 def test_a_replay_goes_neither_to_the_worker_it_checks_nor_to_its_provider() -> None:
-    from swarm_contracts.verification import VerifyTarget
-    from swarm_scheduler.placement import may_replay
-
     replay = job("job-r")
     replay.verify = VerifyTarget(
         job_id="job-t", attempt=1, worker_id="w1", provider="acme", from_step=4, to_step=6

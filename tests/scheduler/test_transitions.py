@@ -3,10 +3,12 @@ from swarm_contracts.events import (
     CheckpointSaved,
     Failed,
     Progress,
+    Replayed,
     Started,
     Succeeded,
 )
 from swarm_contracts.jobs import AdapterRef, JobRecord, JobSpec, JobState
+from swarm_contracts.verification import ReplayReport, VerifyTarget
 from swarm_scheduler.transitions import apply_event
 
 
@@ -116,9 +118,6 @@ def test_the_record_keeps_the_run_s_last_committed_checkpoints() -> None:
 
 
 def test_replayed_ends_a_replay_job_only() -> None:
-    from swarm_contracts.events import Replayed
-    from swarm_contracts.verification import ReplayReport, VerifyTarget
-
     report = ReplayReport(from_step=4, to_step=6, distances={"a": 0.3}, losses={5: 1.0})
     event = Replayed(job_id="job-1", attempt=1, worker_id="w1", report=report)
     assert apply_event(record(JobState.running), event) is None  # not a replay

@@ -15,8 +15,9 @@ from __future__ import annotations
 import json
 import logging
 import random
-from typing import TYPE_CHECKING, Literal
+from typing import Literal, Protocol
 
+from faststream.nats import NatsBroker
 from nats.js import JetStreamContext
 
 from swarm_contracts.events import AnyJobEvent, Failed, Queued, Replayed, Requeued, Verified
@@ -25,11 +26,12 @@ from swarm_contracts.subjects import Subjects
 from swarm_contracts.verification import Verification, VerificationOutcome, VerifyTarget
 from swarm_contracts.workers import WorkerOps
 from swarm_runtime.records import Conflict, RecordTable
+from swarm_runtime.settings import Settings
+from swarm_scheduler.metrics import SchedulerMetrics
 from swarm_scheduler.placement import provider_of
 from swarm_scheduler.verdict import Verdict, drawn, judge, pick_range
-
-if TYPE_CHECKING:
-    from swarm_scheduler.scheduler import Scheduler
+from swarm_scheduler.view import JobView
+from swarm_scheduler.worker_table import WorkerTable
 
 log = logging.getLogger("swarm.scheduler")
 READ_TIMEOUT_S = 2.0
@@ -63,8 +65,23 @@ async def reported_losses(
     return losses
 
 
+class Host(Protocol):
+    """What verification uses of the scheduler (``swarm_scheduler.scheduler.Scheduler``)."""
+
+    settings: Settings
+    broker: NatsBroker
+    subjects: Subjects
+    view: JobView
+    workers: WorkerTable
+    metrics: SchedulerMetrics | None
+
+    async def emit(self, event: AnyJobEvent) -> None: ...
+
+    def wake(self) -> None: ...
+
+
 class Verifications:
-    def __init__(self, scheduler: Scheduler, rng: random.Random | None = None) -> None:
+    def __init__(self, scheduler: Host, rng: random.Random | None = None) -> None:
         self.scheduler = scheduler
         # Not the seedable module RNG: which jobs and ranges are replayed must not be guessable.
         self.rng = rng or random.SystemRandom()

@@ -25,7 +25,7 @@ from peft import PeftModel
 from transformers import AutoTokenizer
 
 from swarm_contracts.jobs import TrainingSpec
-from swarm_contracts.layout import output_adapter, output_result
+from swarm_contracts.layout import output_adapter, output_replay, output_result
 from swarm_contracts.workers import Assignment
 from swarm_runtime.store import ObjectStore
 from swarm_trainer import checkpoint, fetch, reports
@@ -47,7 +47,7 @@ from swarm_trainer.hooks import LoopHooks
 from swarm_trainer.loop_config import LoopConfig
 from swarm_trainer.model import build_model
 from swarm_trainer.parent_adapter import fetch_parent
-from swarm_trainer.replay import finish_replay
+from swarm_trainer.replay import replay_report
 from swarm_trainer.reporter import Reporter
 from swarm_trainer.rng import load_rng, save_rng, seed_everything
 from swarm_trainer.sharding import Sharding, for_strategy
@@ -406,4 +406,20 @@ def finish(recipe: Recipe, state: TrainState) -> None:
     store.upload_dir(out_dir, output_adapter(job.job_id, job.attempt))
     metrics = state.metrics(elapsed_s=time.monotonic() - recipe.train_started)
     store.put_bytes(output_result(job.job_id, job.attempt), metrics.model_dump_json().encode())
+    recipe.reporter.send(reports.Finished(step=state.step, save_s=time.monotonic() - started))
+
+
+def finish_replay(recipe: Recipe, state: TrainState) -> None:
+    """A replay's end: every rank gathers the adapter (fsdp: a collective); rank 0 compares it
+    with the target's checkpoint and puts the ``ReplayReport`` where the agent reads it."""
+    started = time.monotonic()
+    ours = recipe.sharding.adapter_weights(recipe.peft_model)
+    job = recipe.job
+    if recipe.rank != 0 or job.verify is None:
+        return
+    elapsed = time.monotonic() - recipe.train_started
+    report = replay_report(recipe.store, job.verify, ours, state.losses, elapsed)
+    recipe.store.put_bytes(
+        output_replay(job.job_id, job.attempt), report.model_dump_json().encode()
+    )
     recipe.reporter.send(reports.Finished(step=state.step, save_s=time.monotonic() - started))

@@ -1,27 +1,21 @@
-"""A replay's end inside the loop: compare the adapter it reached with the target's checkpoint.
+"""A replay's comparison: the adapter it reached against the target's checkpoint.
 
 A replay job (``Assignment.verify``) resumes from the target's committed checkpoint at
 ``from_step`` with the target's spec, so its data order, RNG streams and LR schedule are the
 target's; it trains to ``to_step`` saving nothing, and rank 0 writes a ``ReplayReport`` to the
-run's output prefix, which the agent reads and reports in its ``replayed`` event.
+run's output prefix (``recipe.finish_replay``), which the agent reads and reports in its
+``replayed`` event.
 """
 
 from __future__ import annotations
 
-import time
-from typing import TYPE_CHECKING
-
 import torch
 from safetensors.torch import load as load_safetensors
 
-from swarm_contracts.layout import checkpoint_prefix, join_key, output_replay
-from swarm_contracts.verification import ReplayReport
-from swarm_trainer import reports
+from swarm_contracts.layout import checkpoint_prefix, join_key
+from swarm_contracts.verification import ReplayReport, VerifyTarget
+from swarm_runtime.store import ObjectStore
 from swarm_trainer.checkpoint import ADAPTER_FILE
-from swarm_trainer.train_state import TrainState
-
-if TYPE_CHECKING:
-    from swarm_trainer.recipe import Recipe
 
 
 def relative_l2(
@@ -42,26 +36,22 @@ def relative_l2(
     return distances, missing
 
 
-def finish_replay(recipe: Recipe, state: TrainState) -> None:
-    """Every rank gathers the adapter (fsdp: a collective); rank 0 compares and reports."""
-    started = time.monotonic()
-    ours = recipe.sharding.adapter_weights(recipe.peft_model)
-    if recipe.rank != 0:
-        return
-    job, target = recipe.job, recipe.job.verify
-    assert target is not None, "a replay's assignment names its target"
+def replay_report(
+    store: ObjectStore,
+    target: VerifyTarget,
+    ours: dict[str, torch.Tensor],
+    losses: dict[int, float],
+    elapsed_s: float,
+) -> ReplayReport:
+    """Compare the replay's adapter at ``target.to_step`` with the target's checkpoint there."""
     key = join_key(checkpoint_prefix(target.job_id, target.attempt, target.to_step), ADAPTER_FILE)
-    theirs = load_safetensors(recipe.store.get_bytes(key))
+    theirs = load_safetensors(store.get_bytes(key))
     distances, missing = relative_l2(ours, theirs)
-    report = ReplayReport(
+    return ReplayReport(
         from_step=target.from_step,
-        to_step=state.step,
+        to_step=target.to_step,
         distances=distances,
         missing=missing,
-        losses=state.losses,
-        elapsed_s=time.monotonic() - recipe.train_started,
+        losses=losses,
+        elapsed_s=elapsed_s,
     )
-    recipe.store.put_bytes(
-        output_replay(job.job_id, job.attempt), report.model_dump_json().encode()
-    )
-    recipe.reporter.send(reports.Finished(step=state.step, save_s=time.monotonic() - started))
