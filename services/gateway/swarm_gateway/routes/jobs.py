@@ -207,14 +207,19 @@ async def cancel_job(
 ) -> JobRecord:
     record = await _own_job(gw, caller, job_id)
     request = CancelRequest(job_id=job_id, reason=reason or "cancelled by request")
-    event = envelope("gateway", "swarm.job.cancel", request, subject=job_id)
+    await _control(gw, gw.subjects.cancel(job_id), "swarm.job.cancel", request, job_id)
+    return record
+
+
+async def _control(gw: Gateway, subject: str, kind: str, data: BaseModel, job_id: str) -> None:
+    """A command about one job for the scheduler, kept on the control stream until it is read."""
+    event = envelope("gateway", kind, data, subject=job_id)
     await gw.publish(
-        gw.subjects.cancel(job_id),
+        subject,
         event.model_dump_json().encode(),
         stream=gw.subjects.control_stream,
         headers={"content-type": "application/json"},
     )
-    return record
 
 
 @router.post(
@@ -236,13 +241,8 @@ async def verify_job(job_id: str, gw: GW, caller: Caller) -> JobRecord:
     record = await _own_job(gw, caller, job_id)
     if (problem := unverifiable(record)) is not None:
         raise HTTPException(status.HTTP_409_CONFLICT, detail=problem)
-    event = envelope("gateway", "swarm.job.verify", VerifyRequest(job_id=job_id), subject=job_id)
-    await gw.publish(
-        gw.subjects.verify(job_id),
-        event.model_dump_json().encode(),
-        stream=gw.subjects.control_stream,
-        headers={"content-type": "application/json"},
-    )
+    request = VerifyRequest(job_id=job_id)
+    await _control(gw, gw.subjects.verify(job_id), "swarm.job.verify", request, job_id)
     return record
 
 
