@@ -9,6 +9,8 @@ The scheduler verifies every job (``SWARM_VERIFY_FRACTION=1``). Jobs of 6 steps 
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from swarm_contracts.jobs import JobState
@@ -47,6 +49,7 @@ def test_a_replay_catches_a_dishonest_worker_and_passes_an_honest_one(procs: Pro
     # The dishonest worker trains the first job (the honest one is cordoned meanwhile).
     assert procs.http.post("/v1/workers/honest/cordon").status_code == 200
     procs.wait_worker("honest", lambda w: w["cordoned"])
+    time.sleep(1)  # the scheduler follows the bucket by a watch
     cheated = procs.submit(dataset, "cheated", **STEPS)
     record = procs.wait(cheated, lambda r: r.state == JobState.succeeded)
     assert record.worker_id == "cheat"

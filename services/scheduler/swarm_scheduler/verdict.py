@@ -74,6 +74,13 @@ def judge(
     if problems:
         reason = summary + "; ".join(problems)
     else:
-        compared = f", {len(differences)} losses" if differences else ", no reported losses"
-        reason = summary + f"{len(report.distances)} matrices within {tolerance:g}{compared}"
+        losses = (
+            f"{len(differences)} losses within {loss_tolerance:g} (largest {max_loss:.2g})"
+            if max_loss is not None
+            else "no reported losses to compare"
+        )
+        reason = summary + (
+            f"{len(report.distances)} matrices within {tolerance:g} (largest {distance:.2g}), "
+            + losses
+        )
     return Verdict(not problems, reason, distance, worst, max_loss)
