@@ -91,8 +91,8 @@ class Settings(BaseSettings):
     verify_policy: Literal["fail", "rerun"] = "fail"
     # Largest relative L2 distance of any LoRA matrix, and relative difference of any step's
     # loss, that still match. A replay runs the same spec (so the same device kind and
-    # precision): fp32 on CPUs matches to ~1e-6; bf16 on GPU models with different kernels
-    # drifts, which the 5 % margin leaves room for (a cheat smaller than that may pass).
+    # precision): fp32 on CPUs reproduces a run bit for bit; bf16 on GPU models with different
+    # kernels drifts, which the 5 % margin leaves room for (a cheat smaller than that passes).
     verify_tolerance: float = Field(default=0.05, gt=0)
     verify_loss_tolerance: float = Field(default=0.05, gt=0)
 
