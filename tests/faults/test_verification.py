@@ -24,9 +24,11 @@ STEPS = {"steps": 6, "checkpoint_every": 2}
 
 
 def verified_event(procs: Procs, job_id: str) -> dict:
-    events = procs.history(job_id)
-    [verified] = [e for e in events if e["event"] == "verified"]
-    return verified
+    """The job's ``verified`` event: the last of its SSE stream, which the gateway ends there
+    (past the ``succeeded`` and the ``failed`` before it) once the verification is done."""
+    events = procs.events(job_id)
+    assert events[-1]["event"] == "verified", [e["event"] for e in events]
+    return events[-1]
 
 
 def test_a_replay_catches_a_dishonest_worker_and_passes_an_honest_one(procs: Procs) -> None:

@@ -297,9 +297,10 @@ async def job_events(
 
 async def _ends_the_job(gw: Gateway, job_id: str, data: bytes) -> bool:
     """Whether a terminal event ends the job: not when a later attempt has taken over (the
-    late ``failed`` of a worker that lost its lease, say), nor when the attempt is being
-    verified (its ``verified`` event, and what the verification made of the job, follow),
-    which the record tells."""
+    late ``failed`` of a worker that lost its lease, say), nor when the attempt's verification
+    is done (its ``verified`` event, and what the verification made of the job, follow in the
+    history), which the record tells. A verification still pending does not hold a live
+    follower: its replay may wait long for a worker."""
     try:
         attempt = int(json.loads(data)["data"].get("attempt", 0))
     except (ValueError, KeyError, TypeError, AttributeError):
@@ -308,14 +309,12 @@ async def _ends_the_job(gw: Gateway, job_id: str, data: bytes) -> bool:
     if found is None:
         return True
     record = found[0]
-    verified = record.verification is not None and record.verification.attempt == attempt
+    v = record.verification
+    verified = v is not None and v.attempt == attempt and v.outcome != "pending"
     return record.attempt <= attempt and not verified
 
 
 async def _job_over(gw: Gateway, job_id: str) -> bool:
     # Asked every idle second of every follower: from memory, not a KV read each time.
     record = await gw.recent_job(job_id)
-    if record is None or not record.state.terminal:
-        return False
-    # A verification in progress still has its ``verified`` event to come.
-    return record.verification is None or record.verification.outcome != "pending"
+    return record is not None and record.state.terminal
