@@ -111,8 +111,9 @@ async def test_a_job_verified_on_request_passes_and_stays_succeeded(
             await train(h, job_id, "w1")
             await h.wait_record(job_id, lambda r: r.state == JobState.succeeded)
         # SWARM_VERIFY_FRACTION is 0: nothing until asked (as the gateway asks).
-        request = envelope("gateway", "swarm.job.verify", VerifyRequest(job_id=job_id))
-        await h.js.publish(h.subjects.verify(job_id), request.model_dump_json().encode())
+        for _ in range(2):  # asked twice: one replay
+            request = envelope("gateway", "swarm.job.verify", VerifyRequest(job_id=job_id))
+            await h.js.publish(h.subjects.verify(job_id), request.model_dump_json().encode())
         record = await h.wait_record(job_id, lambda r: r.verification is not None)
         assert record.verification is not None
         async with h.beating("w2"):
@@ -122,8 +123,18 @@ async def test_a_job_verified_on_request_passes_and_stays_succeeded(
             )
         assert done.verification is not None
         assert done.verification.outcome == "passed"
+        replay_events = await h.events(done.verification.replay_job_id)
+        assert [e["data"]["event"] for e in replay_events].count("queued") == 1
         assert done.state == JobState.succeeded
         [verified] = [e["data"] for e in await h.events(job_id) if e["data"]["event"] == "verified"]
         assert (verified["outcome"], verified["action"]) == ("passed", "none")
         assert verified["overhead"] == 2 / 6
         assert json.dumps(verified)  # plain JSON: no infinities
+        # The overhead in total: replayed steps over the steps of the jobs they verified.
+        assert h.scheduler is not None
+        assert h.scheduler.metrics is not None
+        registry = h.scheduler.metrics.registry
+        assert registry.get_sample_value("swarm_scheduler_replayed_steps_total") == 2
+        assert registry.get_sample_value("swarm_scheduler_verified_job_steps_total") == 6
+        passed = {"outcome": "passed"}
+        assert registry.get_sample_value("swarm_scheduler_verifications_total", passed) == 1

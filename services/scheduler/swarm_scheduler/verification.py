@@ -97,8 +97,10 @@ class Verifications:
             await self.request(record.job_id)
 
     async def request(self, job_id: str) -> JobRecord | None:
-        """Queue a replay of the job's current attempt (once per attempt); the replay job, or
-        None when the job cannot be verified or is verified already."""
+        """Queue a replay of the job's current attempt, once per attempt: the replay job (the
+        one queued before, when asked again), or None when the job cannot be verified or its
+        verification is done. Asked again (a redelivered request), it also makes a replay that
+        a crash left unmade."""
         s = self.scheduler
         target = s.view.open.get(job_id) or await s.view.read(job_id)
         if target is None:
@@ -106,37 +108,13 @@ class Verifications:
         if (problem := unverifiable(target)) is not None:
             log.info("not verifying %s: %s", job_id, problem)
             return None
-        if target.verification is not None and target.verification.attempt == target.attempt:
-            return None
         steps = pick_range(target.checkpoints, self.rng)
-        # unverifiable() said so:
-        assert steps is not None
-        assert target.worker_id is not None
-        worker = s.workers.info(target.worker_id)
-        provider = provider_of(worker) if worker else None
-        verify = VerifyTarget(
-            job_id=target.job_id,
+        assert steps is not None  # unverifiable() said so
+        chosen = Verification(
+            replay_job_id=replay_job_id(target.tenant, target.job_id, target.attempt),
             attempt=target.attempt,
-            worker_id=target.worker_id,
-            provider=provider,
             from_step=steps[0],
             to_step=steps[1],
-        )
-        replay = JobRecord(
-            job_id=replay_job_id(target.tenant, target.job_id, target.attempt),
-            tenant=target.tenant,
-            spec=target.spec,
-            base_model=target.base_model,
-            parent=target.parent,
-            memory=target.memory,
-            trace_parent=target.trace_parent,
-            verify=verify,
-        )
-        verification = Verification(
-            replay_job_id=replay.job_id,
-            attempt=target.attempt,
-            from_step=verify.from_step,
-            to_step=verify.to_step,
         )
 
         def mark(r: JobRecord) -> JobRecord | None:
@@ -145,12 +123,34 @@ class Verifications:
             if r.attempt != target.attempt or unverifiable(r) is not None:
                 return None
             if r.verification is not None and r.verification.attempt == r.attempt:
-                return None
-            r.verification = verification
+                return None  # chosen before: that range it is
+            r.verification = chosen
             return r
 
-        if await s.view.modify(job_id, mark) is None:
+        marked = await s.view.modify(job_id, mark) or await s.view.read(job_id)
+        v = marked.verification if marked is not None else None
+        if v is None or v.attempt != target.attempt or v.outcome != "pending":
             return None
+        assert target.worker_id is not None  # unverifiable() said so
+        worker = s.workers.info(target.worker_id)
+        verify = VerifyTarget(
+            job_id=target.job_id,
+            attempt=target.attempt,
+            worker_id=target.worker_id,
+            provider=provider_of(worker) if worker else None,
+            from_step=v.from_step,
+            to_step=v.to_step,
+        )
+        replay = JobRecord(
+            job_id=v.replay_job_id,
+            tenant=target.tenant,
+            spec=target.spec,
+            base_model=target.base_model,
+            parent=target.parent,
+            memory=target.memory,
+            trace_parent=target.trace_parent,
+            verify=verify,
+        )
         try:
             await s.view.create(replay)
         except Conflict:
