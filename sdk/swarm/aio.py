@@ -115,6 +115,9 @@ class AsyncClient:
     async def cancel(self, job_id: str, reason: str | None = None) -> JobRecord:
         return await self._do(api.cancel(job_id, reason))
 
+    async def verify_job(self, job_id: str) -> JobRecord:
+        return await self._do(api.verify(job_id))
+
     async def metrics(self, job_id: str, max_points: int | None = None) -> JobMetrics:
         return await self._do(api.metrics(job_id, max_points))
 
@@ -315,6 +318,9 @@ class AsyncClient:
 
     async def uncordon_worker(self, worker_id: str) -> WorkerOps:
         return await self._do(api.uncordon_worker(worker_id))
+
+    async def clear_worker(self, worker_id: str) -> WorkerOps:
+        return await self._do(api.clear_worker(worker_id))
 
     async def drain_worker(
         self, worker_id: str, move_jobs: bool = False, reason: str = ""

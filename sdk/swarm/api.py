@@ -114,6 +114,10 @@ def cancel(job_id: str, reason: str | None) -> Call[JobRecord]:
     return Call("POST", f"/v1/jobs/{job_id}/cancel", _one(JobRecord), params=_params(reason=reason))
 
 
+def verify(job_id: str) -> Call[JobRecord]:
+    return Call("POST", f"/v1/jobs/{job_id}/verify", _one(JobRecord))
+
+
 def metrics(job_id: str, max_points: int | None) -> Call[JobMetrics]:
     params = _params(max_points=max_points)
     return Call("GET", f"/v1/jobs/{job_id}/metrics", _one(JobMetrics), params=params)
@@ -268,6 +272,10 @@ def cordon_worker(worker_id: str, reason: str = "") -> Call[WorkerOps]:
 
 def uncordon_worker(worker_id: str) -> Call[WorkerOps]:
     return Call("POST", f"/v1/workers/{worker_id}/uncordon", _one(WorkerOps))
+
+
+def clear_worker(worker_id: str) -> Call[WorkerOps]:
+    return Call("POST", f"/v1/workers/{worker_id}/clear", _one(WorkerOps))
 
 
 def drain_worker(worker_id: str, move_jobs: bool = False, reason: str = "") -> Call[WorkerOps]:

@@ -29,7 +29,9 @@ T = TypeVar("T", bound=BaseModel)
 R = TypeVar("R")
 
 app = typer.Typer(help="Swarm: decentralized LoRA fine-tuning.", no_args_is_help=True)
-jobs_app = typer.Typer(help="List, show, cancel and follow jobs (plain `swarm jobs` lists).")
+jobs_app = typer.Typer(
+    help="List, show, cancel, verify and follow jobs (plain `swarm jobs` lists)."
+)
 models_app = typer.Typer(help="Base models in the registry (plain `swarm models` lists).")
 datasets_app = typer.Typer(help="Uploaded datasets (plain `swarm datasets` lists).")
 app.add_typer(jobs_app, name="jobs")
@@ -332,6 +334,16 @@ def jobs_cancel(job_id: str, as_json: JsonOpt = False) -> None:
         console.print(f"cancel requested for {record.job_id} (was {record.state})")
 
 
+@jobs_app.command("verify")
+def jobs_verify(job_id: str, as_json: JsonOpt = False) -> None:
+    """Replay part of a succeeded job on another worker and compare (see its `verified` event)."""
+    record = run(lambda: client().verify_job(job_id))
+    if as_json:
+        dump(record)
+    else:
+        console.print(f"verification requested for {record.job_id}")
+
+
 @jobs_app.command("follow")
 def jobs_follow(job_id: str) -> None:
     """Show a job's progress until it ends."""
@@ -604,20 +616,20 @@ def adapters_alias(
 
 
 workers_app = typer.Typer(
-    help="Trainer workers (plain `swarm workers` lists): cordon, uncordon, drain, benchmark."
+    help="Trainer workers (plain `swarm workers` lists): cordon, uncordon, drain, clear, benchmark."
 )
 app.add_typer(workers_app, name="workers")
 
 
 def worker_state(w: WorkerInfo) -> str:
     """``alive``, plus what an operator asked (``alive, draining`` / ``alive, cordoned``) and
-    what the scheduler noticed (``alive, slow``)."""
+    what the scheduler noticed (``alive, slow``; ``alive, suspect``: a verification caught it)."""
     state = w.state
     if w.draining:
         state = f"{w.state}, {'drained' if not w.running else 'draining'}"
-    elif w.cordoned:
+    elif w.cordoned and not w.suspect:
         state = f"{w.state}, cordoned"
-    return ", ".join([state, *w.flags])
+    return ", ".join([state, *(["suspect"] if w.suspect else []), *w.flags])
 
 
 def speed(b: WorkerBenchmark | None) -> str:
@@ -680,6 +692,13 @@ def workers_cordon(worker_id: str, reason: ReasonOpt = "", as_json: JsonOpt = Fa
 def workers_uncordon(worker_id: str, as_json: JsonOpt = False) -> None:
     """WORKER_ID takes jobs again (ends a cordon or a drain)."""
     _ops_done(run(lambda: client().uncordon_worker(worker_id)), as_json, "schedulable again")
+
+
+@workers_app.command("clear")
+def workers_clear(worker_id: str, as_json: JsonOpt = False) -> None:
+    """WORKER_ID is no longer suspect (a replay of its work did not match); it takes jobs again
+    unless cordoned or drained."""
+    _ops_done(run(lambda: client().clear_worker(worker_id)), as_json, "cleared")
 
 
 @workers_app.command("drain")

@@ -154,6 +154,11 @@ class Client:
     def cancel(self, job_id: str, reason: str | None = None) -> JobRecord:
         return self._do(api.cancel(job_id, reason))
 
+    def verify_job(self, job_id: str) -> JobRecord:
+        """Replay part of the succeeded job on another worker and compare; the outcome comes
+        as its ``verified`` event and in the record's ``verification``."""
+        return self._do(api.verify(job_id))
+
     def metrics(self, job_id: str, max_points: int | None = None) -> JobMetrics:
         return self._do(api.metrics(job_id, max_points))
 
@@ -364,6 +369,10 @@ class Client:
     def uncordon_worker(self, worker_id: str) -> WorkerOps:
         """The worker takes jobs again (ends a cordon or a drain; admin key)."""
         return self._do(api.uncordon_worker(worker_id))
+
+    def clear_worker(self, worker_id: str) -> WorkerOps:
+        """Clear the suspicion a failed verification put on the worker (admin key)."""
+        return self._do(api.clear_worker(worker_id))
 
     def drain_worker(self, worker_id: str, move_jobs: bool = False, reason: str = "") -> WorkerOps:
         """No new jobs; running ones finish, or with ``move_jobs`` are checkpointed and resumed

@@ -67,12 +67,14 @@ class Resume:
     """Where a followed stream is, so that a reconnect neither loses nor repeats an event.
 
     ``path``: the stream (``/v1/jobs/{id}/events`` or ``/v1/sweeps/{id}/events``); ``ends``:
-    the event names after which it is over."""
+    the event names after which it is over. A job's stream is over when the gateway ends it:
+    it knows from the record whether a final event ends the job (not a replaced attempt's
+    late one; not a ``succeeded`` whose verification's ``verified`` event follows)."""
 
     path: str
     last_event_id: str | None = None
     max_reconnects: int = 20
-    ends: tuple[str, ...] = TERMINAL_EVENTS
+    ends: tuple[str, ...] = ()
     failures: int = 0
 
     def over(self, event: JobStreamEvent) -> bool:

@@ -14,6 +14,7 @@ def test_contract_names_with_empty_namespace() -> None:
     assert s.submit == "swarm.jobs.submit"
     assert s.cancel("job-1") == "swarm.jobs.job-1.cancel"
     assert s.cancel() == "swarm.jobs.*.cancel"
+    assert s.verify("job-1") == "swarm.jobs.job-1.verify"
     assert s.job_event("job-1", "queued") == "swarm.jobs.job-1.events.queued"
     assert s.job_event() == "swarm.jobs.*.events.*"
     assert s.job_event("job-1", ">") == "swarm.jobs.job-1.events.>"
@@ -108,6 +109,8 @@ def test_event_names() -> None:
         "succeeded",
         "failed",
         "cancelled",
+        "replayed",
+        "verified",
     )
 
 

@@ -170,6 +170,18 @@ class Procs:
                     out.append(json.loads(line[5:])["data"])
         return out
 
+    def history(self, job_id: str) -> list[dict]:
+        """The job's events so far (the SSE stream of a running job never ends by itself)."""
+        out: list[dict] = []
+        with self.http.stream("GET", f"/v1/jobs/{job_id}/events", timeout=5) as r:
+            try:
+                for line in r.iter_lines():
+                    if line.startswith("data:"):
+                        out.append(json.loads(line[5:])["data"])
+            except httpx.ReadTimeout:  # the history has been sent
+                pass
+        return out
+
     def wait_worker(self, worker_id: str, pred: object, timeout: float = 60) -> dict:
         """The worker's entry in the scheduler's worker table once ``pred`` holds for it."""
         import time

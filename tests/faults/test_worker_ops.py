@@ -8,11 +8,9 @@ exactly from that step.
 
 from __future__ import annotations
 
-import json
 import signal
 import time
 
-import httpx
 import pytest
 
 from swarm_contracts.jobs import JobState
@@ -45,7 +43,7 @@ def test_drain_and_sigterm_hand_a_job_back_from_a_checkpoint_at_once(procs: Proc
         job_id, lambda r: r.attempt == 2 and r.state == JobState.running, timeout=120
     )
     assert second.worker_id == other
-    events = procs_events(procs, job_id)
+    events = procs.history(job_id)
     [released] = [e for e in events if e["event"] == "released"]
     assert released["attempt"] == 1
     assert released["worker_id"] == first.worker_id
@@ -79,16 +77,3 @@ def test_drain_and_sigterm_hand_a_job_back_from_a_checkpoint_at_once(procs: Proc
     assert started[-1]["resumed_from_step"] == releases[-1]["last_checkpoint_step"]
     assert releases[-1]["last_checkpoint_step"] > releases[0]["last_checkpoint_step"]
     assert not [e for e in events if e["event"] in ("failed", "cancelled")]
-
-
-def procs_events(procs: Procs, job_id: str) -> list[dict]:
-    """The job's events so far (the SSE stream of a running job never ends by itself)."""
-    out: list[dict] = []
-    with procs.http.stream("GET", f"/v1/jobs/{job_id}/events", timeout=5) as r:
-        try:
-            for line in r.iter_lines():
-                if line.startswith("data:"):
-                    out.append(json.loads(line[5:])["data"])
-        except httpx.ReadTimeout:  # the history has been sent
-            pass
-    return out

@@ -9,6 +9,7 @@ import nats
 from swarm_contracts.jobs import JobRecord, JobSpec, JobState
 from swarm_contracts.providers import token_digest
 from swarm_contracts.subjects import Subjects
+from swarm_contracts.verification import Verification
 from swarm_runtime.records import RecordTable
 from swarm_runtime.settings import Settings
 from swarm_runtime.store import ObjectStore
@@ -23,6 +24,7 @@ async def put_job(
     attempt: int,
     state: JobState = JobState.running,
     token: str | None = None,
+    verification: Verification | None = None,
 ) -> None:
     nc = await nats.connect(settings.nats_url)
     jobs = RecordTable(
@@ -38,6 +40,7 @@ async def put_job(
             state=state,
             attempt=attempt,
             attempt_token_sha256=token_digest(token) if token else None,
+            verification=verification,
         ),
     )
     await nc.close()

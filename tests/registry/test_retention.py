@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from swarm_contracts.jobs import JobState
+from swarm_contracts.verification import Verification
 from swarm_runtime.settings import Settings
 from swarm_runtime.store import ObjectStore
 
@@ -67,6 +68,10 @@ async def test_gc_removes_only_unreferenced_objects(
         # Attempt 1's Ray run, and attempt 2's copy of the checkpoint it resumed from.
         store.put_bytes(f"checkpoints/{job}/{CKPT}", b"c")
         store.put_bytes(f"checkpoints/{job}/attempt-2-resume/adapter_model.safetensors", b"c")
+    # A finished job being verified: a replay starts from its checkpoints and compares.
+    pending = Verification(replay_job_id="job-replay", attempt=1, from_step=4, to_step=6)
+    await put_job(settings, "job-checked", 1, JobState.succeeded, verification=pending)
+    store.put_bytes(f"checkpoints/job-checked/{CKPT}", b"c")
     assert (await register(client, "bot", "outputs/job-done/1/adapter", "job-done"))["ok"]
     # Adapter files no record refers to (a version deleted by hand from the KV, say).
     store.put_bytes("adapters/acme/bot/7/adapter_config.json", b"{}")
@@ -101,6 +106,7 @@ async def test_gc_removes_only_unreferenced_objects(
     assert len(store.list("adapters/acme/bot/1/")) == 2
     assert store.list("outputs/job-live/")
     assert store.list("checkpoints/job-live/")
+    assert store.list("checkpoints/job-checked/")
     assert store.list("outputs/job-done/") == []
     assert store.list("checkpoints/job-done/") == []
     assert not store.exists("adapters/acme/bot/7/adapter_config.json")

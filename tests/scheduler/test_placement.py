@@ -3,12 +3,14 @@ from typing import Any
 
 from swarm_contracts.jobs import JobRecord, JobSpec, JobState, ResourceSpec, utcnow
 from swarm_contracts.memory import GB, MemoryEstimate
+from swarm_contracts.verification import VerifyTarget
 from swarm_contracts.workers import Gpu, Resources, WorkerInfo
 from swarm_scheduler.placement import (
     Capacity,
     best_fit,
     demand,
     free_capacity,
+    may_replay,
     min_gpu_gb,
     plan,
 )
@@ -207,3 +209,25 @@ def test_placement_skips_a_job_that_does_not_fit_and_backfills_a_smaller_one() -
     result = plan([big, small], [worker("w1", cpus=4)], [big, small, busy])
     assert [j.job_id for j, _ in result.placements] == ["job-small"]
     assert result.waiting["job-big"] == "waiting for 4 CPUs to free up on a worker"
+
+
+def test_a_replay_goes_neither_to_the_worker_it_checks_nor_to_its_provider() -> None:
+    replay = job("job-r")
+    replay.verify = VerifyTarget(
+        job_id="job-t", attempt=1, worker_id="w1", provider="acme", from_step=4, to_step=6
+    )
+    same = worker("w1", cpus=8)
+    sibling = worker("w2", cpus=8, labels={"provider": "acme"})
+    other = worker("w3", cpus=1, labels={"provider": "globex"})
+    assert not may_replay(same, replay.verify)
+    assert not may_replay(sibling, replay.verify)
+    assert may_replay(other, replay.verify)
+
+    # The best fit would be w1 or w2 (more room is no worse here); w3 gets it. An ordinary
+    # job of the same shape in the same pass still goes to w1.
+    result = plan([replay, job("job-o", age_s=-1)], [same, sibling, other], [])
+    assert {j.job_id: w for j, w in result.placements} == {"job-r": "w3", "job-o": "w1"}
+
+    alone = plan([replay], [same, sibling], [])
+    assert alone.placements == []
+    assert "none is alive but w1 or of provider acme" in alone.waiting["job-r"]

@@ -3,10 +3,12 @@ from swarm_contracts.events import (
     CheckpointSaved,
     Failed,
     Progress,
+    Replayed,
     Started,
     Succeeded,
 )
 from swarm_contracts.jobs import AdapterRef, JobRecord, JobSpec, JobState
+from swarm_contracts.verification import ReplayReport, VerifyTarget
 from swarm_scheduler.transitions import apply_event
 
 
@@ -97,3 +99,31 @@ def test_an_older_report_applied_late_does_not_move_the_metrics_back() -> None:
         apply_event(saved, CheckpointSaved(job_id="job-1", attempt=1, step=3, store_key="k"))
         is None
     )
+
+
+def test_the_record_keeps_the_run_s_last_committed_checkpoints() -> None:
+    r = record(JobState.running)
+    for step in (2, 4):
+        new = apply_event(r, CheckpointSaved(job_id="job-1", attempt=1, step=step, store_key="k"))
+        assert new is not None
+        r = new
+    assert r.checkpoints == [2, 4]
+    adapter = AdapterRef(name="a", version=1, store_key="adapters/t/a/1")
+    # The last step's checkpoint: its event may come after the end.
+    done = apply_event(
+        r, Succeeded(job_id="job-1", attempt=1, adapter=adapter, metrics={"step": 6})
+    )
+    assert done is not None
+    assert done.checkpoints == [4, 6]
+
+
+def test_replayed_ends_a_replay_job_only() -> None:
+    report = ReplayReport(from_step=4, to_step=6, distances={"a": 0.3}, losses={5: 1.0})
+    event = Replayed(job_id="job-1", attempt=1, worker_id="w1", report=report)
+    assert apply_event(record(JobState.running), event) is None  # not a replay
+    replay = record(JobState.running)
+    replay.verify = VerifyTarget(job_id="job-0", attempt=1, worker_id="w0", from_step=4, to_step=6)
+    new = apply_event(replay, event)
+    assert new is not None
+    assert new.state == JobState.succeeded
+    assert new.metrics["max_relative_l2"] == 0.3

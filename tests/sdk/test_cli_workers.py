@@ -1,6 +1,6 @@
-"""`swarm workers cordon|uncordon|drain` through the SDK and a real gateway: what they write to
-the ``worker_ops`` bucket (which the scheduler follows: tests/scheduler/test_worker_ops.py) and
-how `swarm workers` shows it."""
+"""`swarm workers cordon|uncordon|drain|clear` through the SDK and a real gateway: what they
+write to the ``worker_ops`` bucket (which the scheduler follows:
+tests/scheduler/test_worker_ops.py) and how `swarm workers` shows it."""
 
 from __future__ import annotations
 
@@ -66,6 +66,21 @@ async def test_cordon_drain_and_uncordon_a_worker(gateway, settings: Settings) -
         assert await ops.get("w1") is None
         [listed] = json.loads(cli(gateway.url, "workers", "--json")[1])
         assert (listed["cordoned"], listed["draining"]) == (False, False)
+
+        # A verification caught it: suspect until cleared, whatever uncordon says.
+        await ops.put("w1", WorkerOps(worker_id="w1", suspect=True, suspect_reason="replay"))
+        [listed] = json.loads(cli(gateway.url, "workers", "--json")[1])
+        assert (listed["suspect"], listed["cordoned"]) == (True, True)
+        assert "alive, suspect" in cli(gateway.url, "workers")[1]
+        assert cli(gateway.url, "workers", "cordon", "w1")[0] == 0
+        assert cli(gateway.url, "workers", "uncordon", "w1")[0] == 0
+        found = await ops.get("w1")
+        assert found is not None
+        assert (found[0].suspect, found[0].cordoned) == (True, False)
+        code, out = cli(gateway.url, "workers", "clear", "w1")
+        assert code == 0, out
+        assert "cleared" in out
+        assert await ops.get("w1") is None
 
         # A typo names no worker: refused rather than a cordon nobody will ever match.
         code, out = cli(gateway.url, "workers", "drain", "w2")

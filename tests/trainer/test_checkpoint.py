@@ -6,19 +6,23 @@ import json
 import time
 from pathlib import Path
 
+import pytest
 import torch
 from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
 from transformers import AutoModelForCausalLM
 
 from swarm_contracts.layout import resume_key, run_key
+from swarm_contracts.verification import VerifyTarget
 from swarm_runtime.store import LocalStore
 from swarm_trainer.checkpoint import (
     ADAPTER_FILE,
     SNAPSHOT_FILE,
+    CheckpointError,
     checkpoint_dir_name,
     committed_checkpoint_step,
     load_checkpoint,
     prepare_resume,
+    replay_start,
     save_checkpoint,
     wait_committed,
 )
@@ -174,3 +178,25 @@ def test_a_checkpoint_pruned_while_copied_is_not_resumed_from(tmp_path: Path) ->
     assert point is not None
     assert point.step == 9
     assert store.get_bytes(f"{point.key}/{ADAPTER_FILE}") == checkpoint_dir_name(9).encode()
+
+
+def test_a_rerun_does_not_resume_from_the_attempts_it_distrusts(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path)
+    commit(store, "job-1", 1, 3, 6)
+    assert prepare_resume(store, "job-1", 2, after=1) is None
+    commit(store, "job-1", 2, 2)
+    point = prepare_resume(store, "job-1", 3, after=1)
+    assert point is not None
+    assert point.step == 2
+
+
+def test_a_replay_starts_from_the_target_s_committed_checkpoint_in_place(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path)
+    commit(store, "job-1", 1, 4, 6)
+    target = VerifyTarget(job_id="job-1", attempt=1, worker_id="w1", from_step=4, to_step=6)
+    point = replay_start(store, target)
+    assert point.step == 4
+    assert point.key == f"{run_key('job-1', 1)}/{checkpoint_dir_name(4)}"
+    # An end that is not a committed checkpoint (pruned, or never committed): no replay.
+    with pytest.raises(CheckpointError, match="no committed checkpoint at step 8"):
+        replay_start(store, target.model_copy(update={"to_step": 8}))

@@ -11,6 +11,7 @@ from typing import Literal, get_args
 from pydantic import BaseModel, Field
 
 from swarm_contracts.jobs import AdapterRef, JobSpec
+from swarm_contracts.verification import ReplayReport, VerifyPolicy
 
 EventName = Literal[
     "queued",
@@ -24,9 +25,12 @@ EventName = Literal[
     "succeeded",
     "failed",
     "cancelled",
+    "replayed",
+    "verified",
 ]
 JOB_EVENTS: tuple[str, ...] = get_args(EventName)
-TERMINAL_EVENTS = ("succeeded", "failed", "cancelled")
+# ``replayed`` ends a replay job (it registers no adapter, so it never ``succeeded``).
+TERMINAL_EVENTS = ("succeeded", "failed", "cancelled", "replayed")
 
 
 class JobEvent(BaseModel):
@@ -113,6 +117,43 @@ class Cancelled(JobEvent):
     last_checkpoint_step: int | None = None
 
 
+class Replayed(JobEvent):
+    """A replay job's end (its worker's word): what replaying the target's steps measured."""
+
+    event: Literal["replayed"] = "replayed"
+    worker_id: str
+    report: ReplayReport
+
+
+class Verified(JobEvent):
+    """On the replayed job (the scheduler's word): whether its replay on another worker matched.
+
+    ``outcome`` failed: the weights or losses differ beyond the tolerances; ``worker_id`` is
+    then marked suspect, and ``action`` says what became of the job. ``error``: the replay
+    itself could not be done (``reason``), which says nothing about the worker."""
+
+    event: Literal["verified"] = "verified"
+    outcome: Literal["passed", "failed", "error"]
+    reason: str = ""
+    replay_job_id: str
+    worker_id: str = Field(description="the worker whose training was replayed")
+    replay_worker_id: str | None = None
+    from_step: int
+    to_step: int
+    max_relative_l2: float | None = None
+    worst_matrix: str | None = None
+    max_loss_difference: float | None = Field(
+        default=None, description="largest |replayed - reported| / |reported| over the steps"
+    )
+    tolerance: float
+    loss_tolerance: float
+    replayed_steps: int
+    job_steps: int
+    overhead: float = Field(description="replayed steps ÷ job steps")
+    action: Literal["none", "failed", "rerun"] = "none"
+    policy: VerifyPolicy
+
+
 AnyJobEvent = (
     Queued
     | Assigned
@@ -125,6 +166,8 @@ AnyJobEvent = (
     | Succeeded
     | Failed
     | Cancelled
+    | Replayed
+    | Verified
 )
 
 

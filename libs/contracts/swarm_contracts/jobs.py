@@ -13,6 +13,7 @@ from swarm_contracts.memory import MemoryEstimate
 
 # The one naming rule (swarm_contracts.names), re-exported for code written against this module.
 from swarm_contracts.names import NAME_PATTERN as NAME_PATTERN
+from swarm_contracts.verification import Verification, VerifyTarget
 
 MODEL_REF_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,62}(@[0-9]+)?$"
 DATASET_ID_PATTERN = r"^ds-[0-9a-f]{16,64}$"
@@ -132,6 +133,11 @@ def job_id_for(tenant: str, idempotency_key: str) -> str:
     return "job-" + hashlib.sha256(f"{tenant}\x00{idempotency_key}".encode()).hexdigest()[:20]
 
 
+def replay_job_id(tenant: str, job_id: str, attempt: int) -> str:
+    """The replay job verifying ``job_id``'s attempt: one per attempt, however often asked."""
+    return job_id_for(tenant, f"verify\x00{job_id}\x00{attempt}")
+
+
 class JobState(StrEnum):
     queued = "queued"
     assigned = "assigned"
@@ -218,3 +224,27 @@ class JobRecord(BaseModel):
     # The GPU memory the job is estimated to need per GPU (set at submission when the registry
     # knows the base model's architecture): a GPU job is placed only on GPUs at least this big.
     memory: MemoryEstimate | None = None
+    # The committed checkpoints of the current attempt that Ray still keeps (the last
+    # ``layout.CHECKPOINTS_KEPT``, ascending): where a replay of it can start and end.
+    checkpoints: list[int] = Field(default_factory=list)
+    # Set on a replay job (swarm_contracts.verification): the job, attempt and steps it replays.
+    verify: VerifyTarget | None = None
+    # Set on a replayed job: its replay and the outcome.
+    verification: Verification | None = None
+    # Attempts up to this one are not resumed from: a job rerun after its verification failed
+    # starts again rather than continue from the checkpoints of the worker that failed it.
+    resume_after_attempt: int = 0
+
+
+def unverifiable(record: JobRecord) -> str | None:
+    """Why the record's current attempt cannot be replayed (None: it can, or already is)."""
+    if record.verify is not None:
+        return "a replay is not verified in turn"
+    if record.state != JobState.succeeded:
+        return f"only a succeeded job can be verified; {record.job_id} is {record.state.value}"
+    if len(set(record.checkpoints)) < 2:
+        return (
+            f"{record.job_id} has fewer than two committed checkpoints to replay between "
+            "(training.checkpoint_every below max_steps gives two)"
+        )
+    return None

@@ -22,6 +22,8 @@ EXPORTS = "exports"
 # A run's outputs: the adapter it produced and its final metrics.
 OUTPUT_ADAPTER = "adapter"
 OUTPUT_RESULT = "result.json"
+# What a replay (a verification job) measured, in place of an adapter and its result.
+OUTPUT_REPLAY = "replay.json"
 # Written last into an export's prefix: its ExportResult (every other file's sha256), what a
 # download is checked against; an export without it is unfinished.
 EXPORT_MANIFEST = "swarm-export.json"
@@ -83,6 +85,21 @@ def run_key(job_id: str, attempt: int) -> str:
     return join_key(CHECKPOINTS, job_id, run_name(attempt))
 
 
+# Committed checkpoints Ray Train keeps per run (older ones it deletes): a replay can start
+# and end only at these.
+CHECKPOINTS_KEPT = 2
+
+
+def checkpoint_dir_name(step: int) -> str:
+    """The directory a run's checkpoint of ``step`` is in (Ray Train's ``checkpoint_dir_name``)."""
+    return f"checkpoint_{step:08d}"
+
+
+def checkpoint_prefix(job_id: str, attempt: int, step: int) -> str:
+    """One checkpoint directory of an attempt's run."""
+    return join_key(run_key(job_id, attempt), checkpoint_dir_name(step))
+
+
 def resume_key(job_id: str, attempt: int) -> str:
     """This attempt's own copy of the checkpoint it starts from, which no other run prunes."""
     return join_key(CHECKPOINTS, job_id, f"{run_name(attempt)}-resume")
@@ -99,6 +116,10 @@ def output_adapter(job_id: str, attempt: int) -> str:
 
 def output_result(job_id: str, attempt: int) -> str:
     return join_key(output_prefix(job_id, attempt), OUTPUT_RESULT)
+
+
+def output_replay(job_id: str, attempt: int) -> str:
+    return join_key(output_prefix(job_id, attempt), OUTPUT_REPLAY)
 
 
 # --- registered artifacts (registry, export) ------------------------------------------------

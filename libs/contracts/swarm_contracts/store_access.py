@@ -91,6 +91,8 @@ def job_scope(record: JobRecord, dataset_keys: list[str]) -> JobScope:
         read.append(record.base_model.store_key)
     if record.parent is not None:
         read.append(record.parent.store_key)
+    if record.verify is not None:
+        read.append(job_checkpoints(record.verify.job_id))
     write = (
         run_key(record.job_id, record.attempt),
         resume_key(record.job_id, record.attempt),

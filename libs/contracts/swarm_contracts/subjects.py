@@ -25,6 +25,10 @@ class Subjects:
     def cancel(self, job_id: str = "*") -> str:
         return self._s(f"swarm.jobs.{job_id}.cancel")
 
+    def verify(self, job_id: str = "*") -> str:
+        """Replay part of a finished job on another worker (swarm_contracts.verification)."""
+        return self._s(f"swarm.jobs.{job_id}.verify")
+
     def job_event(self, job_id: str = "*", event: str = "*") -> str:
         return self._s(f"swarm.jobs.{job_id}.events.{event}")
 

@@ -9,6 +9,7 @@ from pydantic import BaseModel, Field, model_validator
 
 from swarm_contracts.datasets import DatasetInfo
 from swarm_contracts.jobs import JobSpec, ModelRef, ParentAdapter, utcnow
+from swarm_contracts.verification import VerifyTarget
 
 
 class Gpu(BaseModel):
@@ -118,6 +119,11 @@ class Assignment(BaseModel):
     # (header ``swarm_contracts.providers.ATTEMPT_TOKEN_HEADER``), and the scheduler applies
     # only events that carry it, so that no other worker can report on this job.
     attempt_token: str | None = Field(default=None, repr=False)
+    # A replay (swarm_contracts.verification): train only these steps of that job, from its
+    # checkpoint, compare, and register nothing.
+    verify: VerifyTarget | None = None
+    # Resume only from checkpoints of attempts after this one (JobRecord.resume_after_attempt).
+    resume_after_attempt: int = 0
 
 
 class WorkerInfo(BaseModel):
@@ -137,6 +143,8 @@ class WorkerInfo(BaseModel):
     # From the operator's ``WorkerOps``: no new jobs (cordoned), and expected to empty (draining).
     cordoned: bool = False
     draining: bool = False
+    # A replay of its work did not match (``WorkerOps.suspect``): no new jobs until cleared.
+    suspect: bool = False
     benchmark: WorkerBenchmark | None = None
     advertised_tflops: float | None = None
     flags: list[str] = Field(
@@ -160,11 +168,17 @@ class WorkerOps(BaseModel):
         "rather than left to finish",
     )
     reason: str = ""
+    suspect: bool = Field(
+        default=False,
+        description="set by the scheduler when a replay of the worker's training did not "
+        "match: no new jobs until an operator clears it (``/v1/workers/{id}/clear``)",
+    )
+    suspect_reason: str = ""
     updated_at: datetime = Field(default_factory=utcnow)
 
     @property
     def schedulable(self) -> bool:
-        return not (self.cordoned or self.drain)
+        return not (self.cordoned or self.drain or self.suspect)
 
 
 class ReleaseRequest(BaseModel):

@@ -73,8 +73,13 @@ class RecordTable(Generic[M]):
                 continue
         raise Conflict(f"{key}: too many concurrent changes")
 
-    async def delete(self, key: str) -> None:
-        await self.kv.delete(key)
+    async def delete(self, key: str, revision: int | None = None) -> None:
+        """Delete the record; with ``revision``, only if it is still that one (``Conflict``
+        otherwise)."""
+        try:
+            await self.kv.delete(key, last=revision)
+        except KeyWrongLastSequenceError as exc:
+            raise Conflict(key) from exc
 
     async def keys(self, match: str = ">") -> list[str]:
         """The live keys (deleted and purged ones left out), as the bucket is now; ``match``

@@ -83,6 +83,18 @@ class Settings(BaseSettings):
     # A worker whose benchmark measures below this fraction of what it advertises (or its GPU
     # model's datasheet TFLOP/s) is flagged "slow".
     slow_fraction: float = Field(default=0.3, ge=0, le=1)
+    # Verification of untrusted work (docs/providers.md): this fraction of succeeded jobs,
+    # drawn at random once each has ended, is replayed in part on another worker.
+    verify_fraction: float = Field(default=0.0, ge=0, le=1)
+    # A replay that does not match marks the worker suspect, and fails the job ("fail") or
+    # queues it again to train from the start elsewhere ("rerun").
+    verify_policy: Literal["fail", "rerun"] = "fail"
+    # Largest relative L2 distance of any LoRA matrix, and relative difference of any step's
+    # loss, that still match. A replay runs the same spec (so the same device kind and
+    # precision): fp32 on CPUs reproduces a run bit for bit; bf16 on GPU models with different
+    # kernels drifts, which the 5 % margin leaves room for (a cheat smaller than that passes).
+    verify_tolerance: float = Field(default=0.05, gt=0)
+    verify_loss_tolerance: float = Field(default=0.05, gt=0)
 
     # Trainer agent.
     worker_id: str | None = None
@@ -106,6 +118,9 @@ class Settings(BaseSettings):
     # used entry not in use is evicted first (see swarm_trainer.cache).
     trainer_cache_dir: Path | None = None
     trainer_cache_max_bytes: int = Field(default=32 * 1024**3, ge=0)
+    # Tests only: the name of a ``swarm_trainer.hooks`` test hook every job of this agent runs
+    # with (e.g. "perturb_checkpoints": a deliberately dishonest worker).
+    trainer_test_hook: str = ""
 
     # Inference worker. Base models to hold, comma separated: "tiny-llama" (its latest
     # version, and each newer one as it is registered), "tiny-llama@2", or "*" for every

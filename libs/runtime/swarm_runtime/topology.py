@@ -74,7 +74,7 @@ def _streams(s: Subjects) -> list[StreamConfig]:
         _stream(s.submit_stream, s.submit, 7, duplicate_window=DAY),
         # Every job event, kept so that anyone can replay a job's history.
         _stream(s.events_stream, s.job_event(), 30, duplicate_window=600),
-        _stream(s.control_stream, s.cancel(), 7),
+        _stream(s.control_stream, [s.cancel(), s.verify()], 7),
         _stream(s.assign_stream, s.assign(), 7, duplicate_window=600),
         _stream(
             s.adapters_stream,

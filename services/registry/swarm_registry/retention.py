@@ -9,7 +9,8 @@ What ``gc.run`` removes:
   one. A finished job never resumes, the registered adapter is a full copy under
   ``adapters/``, and continuing training starts from that adapter (``from_adapter``), not from
   a checkpoint. Jobs with no record are left alone:
-  the record may not be written yet;
+  the record may not be written yet; so are the checkpoints of a finished job whose
+  verification is pending (a replay starts from them and compares with them);
 * ``models/…`` objects under no model version's ``store_key``.
 
 Unreferenced adapter and model objects younger than ``min_age_s`` are spared: the gateway
@@ -100,7 +101,13 @@ class Collector:
         kept_adapters = {record.store_key for _, _, record in versions}
         claimed = await self._claimed()
         model_prefixes = [m.store_key.rstrip("/") + "/" for _, _, m in await self.models.all()]
-        finished = {job.job_id for job in await self.jobs.all() if job.state.terminal}
+        records = await self.jobs.all()
+        finished = {job.job_id for job in records if job.state.terminal}
+        replaying = {
+            job.job_id
+            for job in records
+            if job.verification is not None and job.verification.outcome == "pending"
+        }
 
         def old(key: str) -> bool:
             return object_age_s(self.store, key) >= request.min_age_s
@@ -120,7 +127,7 @@ class Collector:
             if job_of(key) in finished:
                 report.outputs.append(key)
         for key in listed[CHECKPOINTS]:
-            if job_of(key) in finished:
+            if job_of(key) in finished - replaying:
                 report.checkpoints.append(key)
         for key in listed[MODELS]:
             if not any(key.startswith(p) for p in model_prefixes) and await asyncio.to_thread(

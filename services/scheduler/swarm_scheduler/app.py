@@ -14,6 +14,7 @@ from swarm_contracts.envelope import CloudEvent
 from swarm_contracts.events import AnyJobEvent, CancelRequest
 from swarm_contracts.jobs import JobSubmission
 from swarm_contracts.providers import ATTEMPT_TOKEN_HEADER
+from swarm_contracts.verification import VerifyRequest
 from swarm_contracts.workers import Heartbeat
 from swarm_runtime.broker import make_broker
 from swarm_runtime.intake import Handler, Intake, IntakeMetrics, RawMsg, RetryLater
@@ -27,7 +28,7 @@ log = logging.getLogger("swarm.scheduler")
 JobEventEnvelope = CloudEvent[Annotated[AnyJobEvent, Field(discriminator="event")]]
 # A follower that still got a message gives it back for the leader after this long.
 FOLLOWER_NACK_DELAY_S = 0.5
-OWN_EVENTS = frozenset({"queued", "assigned", "requeued"})
+OWN_EVENTS = frozenset({"queued", "assigned", "requeued", "verified"})
 
 
 def _work_queue(stream: str, name: str) -> dict[str, Any]:
@@ -83,6 +84,10 @@ class Handlers:
             job_id if job_id != "*" else event.data.job_id, event.data.reason
         )
 
+    async def on_verify(self, event: CloudEvent[VerifyRequest], msg: RawMsg) -> None:
+        self._follower_gives_back()
+        await self.scheduler.verify(event.data.job_id)
+
     async def on_heartbeat(self, event: CloudEvent[Heartbeat], msg: RawMsg) -> None:
         await self.scheduler.on_heartbeat(event.data, msg.subject)
 
@@ -119,6 +124,11 @@ class Consumers:
                 subjects.cancel(),
                 handlers.on_cancel,
                 **_work_queue(subjects.control_stream, "cancel"),
+            ),
+            intake(
+                subjects.verify(),
+                handlers.on_verify,
+                **_work_queue(subjects.control_stream, "verify"),
             ),
         ]
         self.heartbeats = intake(subjects.heartbeat(), handlers.on_heartbeat)

@@ -74,12 +74,34 @@ class SchedulerMetrics:
             buckets=LATENCY_BUCKETS,
             registry=self.registry,
         )
+        # Verification (swarm_scheduler.verification): overhead = replayed ÷ verified job steps.
+        self.verifications = Counter(
+            "swarm_scheduler_verifications_total",
+            "Replays of finished jobs judged, by outcome (passed, failed, error)",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self.replayed_steps = Counter(
+            "swarm_scheduler_replayed_steps_total",
+            "Training steps replayed to verify jobs",
+            registry=self.registry,
+        )
+        self.verified_job_steps = Counter(
+            "swarm_scheduler_verified_job_steps_total",
+            "Training steps of the jobs those replays verified (the overhead's denominator)",
+            registry=self.registry,
+        )
         # The intakes' families first: FastStream's middleware then counts into them.
         self.intakes = IntakeMetrics(self.registry, "scheduler")
         self.messages = nats_metrics_middleware(self.registry, "scheduler")
 
     def watch(self, view: JobView, workers: WorkerTable, leading: Callable[[], bool]) -> None:
         self.registry.register(_StateCollector(view, workers, leading))
+
+    def verified(self, outcome: str, replayed_steps: int, job_steps: int) -> None:
+        self.verifications.labels(outcome=outcome).inc()
+        self.replayed_steps.inc(replayed_steps)
+        self.verified_job_steps.inc(job_steps)
 
     def placed(self, record: JobRecord) -> None:
         """``record`` as it was queued, just before its assignment."""

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
 from swarm_contracts.jobs import JobRecord, JobSpec, JobState
+from swarm_contracts.verification import VerifyTarget
 from swarm_contracts.workers import WorkerInfo
 from swarm_scheduler.queue_policy import FairQueue
 from swarm_scheduler.speed import clearly_faster, measured_speed
@@ -66,9 +67,27 @@ def min_gpu_gb(job: JobRecord) -> float:
 
 
 def _eligible_by_id(
-    by_id: dict[str, WorkerInfo], spec: JobSpec, min_gb: float, worker_id: str
+    by_id: dict[str, WorkerInfo],
+    spec: JobSpec,
+    min_gb: float,
+    verify: VerifyTarget | None,
+    worker_id: str,
 ) -> bool:
-    return eligible(by_id[worker_id], spec, min_gb)
+    worker = by_id[worker_id]
+    return eligible(worker, spec, min_gb) and (verify is None or may_replay(worker, verify))
+
+
+def provider_of(worker: WorkerInfo) -> str | None:
+    """Who runs the worker: the provider it joined as, else its ``provider`` label."""
+    return worker.provider or worker.labels.get("provider")
+
+
+def may_replay(worker: WorkerInfo, target: VerifyTarget) -> bool:
+    """A replay never runs on the worker whose training it checks, nor on another worker of
+    the same provider (which could share its shortcuts)."""
+    if worker.worker_id == target.worker_id:
+        return False
+    return target.provider is None or provider_of(worker) != target.provider
 
 
 def eligible(worker: WorkerInfo, spec: JobSpec, min_gb: float | None = None) -> bool:
@@ -240,7 +259,10 @@ def _labels_text(labels: dict[str, str]) -> str:
 
 
 def unplaceable_reason(
-    spec: JobSpec, workers: list[WorkerInfo], min_gb: float | None = None
+    spec: JobSpec,
+    workers: list[WorkerInfo],
+    min_gb: float | None = None,
+    verify: VerifyTarget | None = None,
 ) -> str:
     need = demand(spec)
     asked = spec.resources.min_gpu_memory_gb
@@ -248,6 +270,14 @@ def unplaceable_reason(
         min_gb = asked
     if not workers:
         return "waiting for a worker: none is alive"
+    if verify is not None:
+        workers = [w for w in workers if may_replay(w, verify)]
+        if not workers:
+            provider = f" or of provider {verify.provider}" if verify.provider else ""
+            return (
+                f"waiting for a worker to replay on: none is alive but {verify.worker_id}"
+                f"{provider}, whose work it checks"
+            )
     labelled = [w for w in workers if labels_match(w, spec)]
     if not labelled:
         return f"no alive worker has labels {_labels_text(spec.resources.labels)}"
@@ -275,7 +305,9 @@ class Plan:
 
 def _shape(job: JobRecord) -> tuple[object, ...]:
     r = job.spec.resources
-    return (demand(job.spec), min_gpu_gb(job), tuple(sorted(r.labels.items())))
+    # A replay excludes some workers: it fits where another job of its shape may not.
+    excluded = (job.verify.worker_id, job.verify.provider) if job.verify else None
+    return (demand(job.spec), min_gpu_gb(job), tuple(sorted(r.labels.items())), excluded)
 
 
 def plan(
@@ -314,13 +346,13 @@ def plan(
         min_gb = min_gpu_gb(job)
         worker_id = None
         if shape not in full:
-            simple = not job.spec.resources.labels and not (need.gpus and min_gb)
-            allowed = functools.partial(_eligible_by_id, by_id, job.spec, min_gb)
+            simple = not job.spec.resources.labels and not (need.gpus and min_gb) and not job.verify
+            allowed = functools.partial(_eligible_by_id, by_id, job.spec, min_gb, job.verify)
             holders = pool.holders.get(job.base_model.digest, ()) if job.base_model else ()
             worker_id = pick(need, None if simple else allowed, holders)
         if worker_id is None:
             if shape not in full:
-                full[shape] = unplaceable_reason(job.spec, workers, min_gb)
+                full[shape] = unplaceable_reason(job.spec, workers, min_gb, job.verify)
             result.waiting[job.job_id] = full[shape]
             continue
         index.take(worker_id, need)

@@ -50,6 +50,7 @@ from swarm_scheduler.parents import resolve_parent
 from swarm_scheduler.placement import HOLDING, plan
 from swarm_scheduler.registry_client import UnknownModel, model_ref, resolve_model
 from swarm_scheduler.transitions import apply_event, copy_record, is_stale, token_matches
+from swarm_scheduler.verification import Verifications
 from swarm_scheduler.view import JobView
 from swarm_scheduler.worker_ops import WorkerOpsView
 from swarm_scheduler.worker_table import PRESENT, WorkerTable
@@ -78,6 +79,7 @@ class Scheduler:
         self.workers = WorkerTable(settings.worker_timeout_s, slow_fraction=settings.slow_fraction)
         self.view = JobView(on_closed=self._closed)
         self.worker_ops = WorkerOpsView(self._ops_changed)
+        self.verifications = Verifications(self)
         self._release_sent: dict[str, float] = {}  # worker id -> when it was last asked
         # job id -> (attempt, monotonic time) of the last heartbeat of its worker listing it.
         self._listed: dict[str, tuple[int, float]] = {}
@@ -111,7 +113,9 @@ class Scheduler:
         self.datasets = RecordTable(await kv_bucket(js, self.subjects, "datasets"), DatasetInfo)
         self.worker_kv = RecordTable(await kv_bucket(js, self.subjects, "workers"), WorkerInfo)
         # Cordons and drains before the first placement pass, so none places around them.
-        await self.worker_ops.load(await kv_bucket(js, self.subjects, "worker_ops"))
+        ops_kv = await kv_bucket(js, self.subjects, "worker_ops")
+        await self.worker_ops.load(ops_kv)
+        self.verifications.worker_ops = RecordTable(ops_kv, WorkerOps)
         # Rebuild the view before serving: a restarted scheduler picks up where it left.
         await self.view.load(await kv_bucket(js, self.subjects, "jobs"))
         self._started_at = time.monotonic()
@@ -175,7 +179,7 @@ class Scheduler:
         self._listed.pop(job_id, None)
         self._running_seen.pop(job_id, None)
 
-    async def _emit(self, event: AnyJobEvent) -> None:
+    async def emit(self, event: AnyJobEvent) -> None:
         # One event of a kind per attempt: a retried publish is de-duplicated by JetStream.
         msg_id = f"{event.job_id}.{event.attempt}.{event.event}"
         await publish_job_event(self.broker, self.subjects, SERVICE, event, msg_id=msg_id)
@@ -221,9 +225,9 @@ class Scheduler:
         except Conflict:
             return await self.view.read(job_id) or record
         spec = record.spec  # with from_adapter, the LoRA shape is the parent's
-        await self._emit(Queued(job_id=job_id, tenant=record.tenant, spec=spec))
+        await self.emit(Queued(job_id=job_id, tenant=record.tenant, spec=spec))
         if record.state == JobState.failed:
-            await self._emit(Failed(job_id=job_id, reason=record.reason or ""))
+            await self.emit(Failed(job_id=job_id, reason=record.reason or ""))
         self.wake()
         return record
 
@@ -254,7 +258,7 @@ class Scheduler:
         """Apply a worker's ``event`` to the job record if it comes from the worker that holds
         the job's current attempt: the event's attempt is the record's, and ``token`` (the
         event's attempt token header) is the one that attempt's assignment carried."""
-        if event.event in ("queued", "assigned", "requeued"):
+        if event.event in ("queued", "assigned", "requeued", "verified"):
             return  # our own; already in the record
         if isinstance(event, Released):
             await self._released(event, token)
@@ -287,6 +291,11 @@ class Scheduler:
         new = await self.view.modify(event.job_id, lambda r: apply_event(r, event, token))
         if new is not None and new.state.terminal:
             self.wake()
+            await self.verifications.ended(new, event)
+
+    async def verify(self, job_id: str) -> None:
+        """Replay part of the finished job on another worker (once per attempt)."""
+        await self.verifications.request(job_id)
 
     async def _released(self, event: Released, token: str | None) -> None:
         """The worker checkpointed the attempt and stopped it: queue it again now, rather than
@@ -313,7 +322,8 @@ class Scheduler:
 
         new = await self.view.modify(job_id, change)
         if new is not None and new.state == JobState.cancelled:
-            await self._emit(Cancelled(job_id=job_id, attempt=new.attempt, reason=reason))
+            await self.emit(Cancelled(job_id=job_id, attempt=new.attempt, reason=reason))
+            await self.verifications.ended(new)
         elif new is not None and new.state in HOLDING and new.worker_id:
             # Passed on to the worker's own subject: a provider's agent may not listen to
             # every job's cancel subject. Core NATS: a worker that misses it sees
@@ -506,16 +516,16 @@ class Scheduler:
         if new is None:
             return
         if new.state == JobState.queued:
-            await self._emit(Requeued(job_id=job_id, attempt=new.attempt, reason=reason))
+            await self.emit(Requeued(job_id=job_id, attempt=new.attempt, reason=reason))
             self.wake()
         elif new.state == JobState.failed:
-            await self._emit(
-                Failed(job_id=job_id, attempt=new.attempt, reason=new.reason or reason)
-            )
+            await self.emit(Failed(job_id=job_id, attempt=new.attempt, reason=new.reason or reason))
         else:
-            await self._emit(
+            await self.emit(
                 Cancelled(job_id=job_id, attempt=new.attempt, reason=new.reason or reason)
             )
+        if new.state.terminal:
+            await self.verifications.ended(new)  # a replay that could not be done
 
     # --- placement -----------------------------------------------------------------------
 
@@ -593,6 +603,7 @@ class Scheduler:
             worker_id,
             None,
         )
+        new.checkpoints = []  # the new attempt's run has none yet
         token = secrets.token_urlsafe(24)
         new.attempt_token_sha256 = token_digest(token)
         new.updated_at = new.assigned_at = utcnow()
@@ -614,11 +625,13 @@ class Scheduler:
             trace_parent=traceparent(),  # the placement span: the trainer continues from it
             parent=new.parent,
             attempt_token=token,
+            verify=new.verify,
+            resume_after_attempt=new.resume_after_attempt,
         )
         # Both publishes go out together, one round trip instead of two. The event is sent
         # first, so it is on the events stream before the worker can report on the attempt.
         await asyncio.gather(
-            self._emit(Assigned(job_id=job_id, attempt=new.attempt, worker_id=worker_id)),
+            self.emit(Assigned(job_id=job_id, attempt=new.attempt, worker_id=worker_id)),
             self.broker.publish(
                 envelope(SERVICE, "swarm.worker.assign", assignment, subject=job_id),
                 self.subjects.assign(worker_id),
@@ -645,7 +658,8 @@ class Scheduler:
 
         new = await self.view.modify(job_id, change)
         if new is not None:
-            await self._emit(Failed(job_id=job_id, attempt=new.attempt, reason=reason))
+            await self.emit(Failed(job_id=job_id, attempt=new.attempt, reason=reason))
+            await self.verifications.ended(new)
 
 
 def _with_reason(record: JobRecord, reason: str) -> JobRecord | None:

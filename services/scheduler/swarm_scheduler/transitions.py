@@ -8,11 +8,13 @@ from swarm_contracts.events import (
     CheckpointSaved,
     Failed,
     Progress,
+    Replayed,
     Started,
     Succeeded,
     Validated,
 )
 from swarm_contracts.jobs import JobRecord, JobState, utcnow
+from swarm_contracts.layout import CHECKPOINTS_KEPT
 from swarm_contracts.providers import token_matches as attempt_token_matches
 
 
@@ -31,6 +33,12 @@ def is_stale(record: JobRecord, event: AnyJobEvent) -> bool:
 def token_matches(record: JobRecord, token: str | None) -> bool:
     """Whether an event carrying ``token`` comes from the worker given the current attempt."""
     return attempt_token_matches(record.attempt_token_sha256, token)
+
+
+def kept_checkpoints(checkpoints: list[int], step: float | None) -> list[int]:
+    """The run's committed checkpoints with ``step`` added, as many as Ray keeps."""
+    added = {int(step)} if step is not None else set()
+    return sorted({*checkpoints, *added})[-CHECKPOINTS_KEPT:]
 
 
 def apply_event(
@@ -60,11 +68,20 @@ def apply_event(
             return None
         case CheckpointSaved():
             new.metrics.update(checkpoint_step=event.step)
+            new.checkpoints = kept_checkpoints(record.checkpoints, event.step)
         case Succeeded():
             new.state = JobState.succeeded
             new.adapter = event.adapter
             new.metrics.update(event.metrics)
             new.reason = None
+            # The run's last checkpoint is of its last step; its event may come after this.
+            new.checkpoints = kept_checkpoints(record.checkpoints, event.metrics.get("step"))
+        case Replayed() if record.verify is not None:
+            # A replay's end: what it measured is judged by the scheduler (verification).
+            new.state = JobState.succeeded
+            new.reason = None
+            _, distance = event.report.worst
+            new.metrics.update(max_relative_l2=distance, step=event.report.to_step)
         case Failed():
             new.state = JobState.failed
             new.reason = event.reason

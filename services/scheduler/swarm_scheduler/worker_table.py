@@ -48,9 +48,15 @@ class WorkerTable:
         ops = self._ops.get(info.worker_id)
         cordoned = ops is not None and not ops.schedulable
         draining = ops is not None and ops.drain
-        if info.cordoned == cordoned and info.draining == draining:
+        suspect = ops is not None and ops.suspect
+        if (info.cordoned, info.draining, info.suspect) == (cordoned, draining, suspect):
             return info
-        return info.model_copy(update={"cordoned": cordoned, "draining": draining})
+        update = {"cordoned": cordoned, "draining": draining, "suspect": suspect}
+        return info.model_copy(update=update)
+
+    def info(self, worker_id: str) -> WorkerInfo | None:
+        entry = self._workers.get(worker_id)
+        return entry.info if entry is not None else None
 
     def heartbeat(self, hb: Heartbeat) -> tuple[WorkerInfo, bool]:
         """Record a heartbeat; return the worker's info and whether it is new or came back."""
@@ -75,6 +81,7 @@ class WorkerTable:
             cached_models=hb.cached_models,
             cordoned=ops is not None and not ops.schedulable,
             draining=ops is not None and ops.drain,
+            suspect=ops is not None and ops.suspect,
             benchmark=hb.benchmark,
             advertised_tflops=hb.advertised_tflops,
             # Worked out again only when what they depend on changed.

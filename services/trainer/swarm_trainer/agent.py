@@ -40,6 +40,7 @@ from swarm_contracts.events import (
     JobEvent,
     Progress,
     Released,
+    Replayed,
     Started,
     Succeeded,
     Validated,
@@ -48,6 +49,7 @@ from swarm_contracts.jobs import AdapterRef, JobRecord, JobState, utcnow
 from swarm_contracts.providers import read_credentials
 from swarm_contracts.registry import AdapterVersion, Lineage, RegisterAdapter
 from swarm_contracts.subjects import Subjects
+from swarm_contracts.verification import ReplayReport
 from swarm_contracts.workers import (
     CACHED_MODELS_MAX,
     Assignment,
@@ -70,6 +72,7 @@ from swarm_runtime.topology import ensure_topology, kv_bucket
 from swarm_trainer import reports
 from swarm_trainer.benchmark import run_benchmark
 from swarm_trainer.cache import CacheSettings
+from swarm_trainer.hooks import agent_hooks
 from swarm_trainer.job_history import workers_that_ran
 from swarm_trainer.job_trace import JobTrace, note_event
 from swarm_trainer.metrics import TrainerMetrics
@@ -78,8 +81,8 @@ from swarm_trainer.run import (
     PreflightError,
     RunResult,
     checkpoint_key,
-    prepare_resume,
     run_job,
+    starting_point,
     wait_committed,
 )
 from swarm_trainer.signed_store import SignedAccess, SignedStore
@@ -165,6 +168,8 @@ class TrainerAgent:
         # Set by the app (swarm_trainer.app); no-ops for a bare agent.
         self.tracer: Tracer = NoOpTracer()
         self.metrics: TrainerMetrics | None = None
+        # Tests only: a hook every job runs with (a deliberately dishonest worker, say).
+        self.hooks = agent_hooks(settings.trainer_test_hook)
 
     def store_for(self, job: Assignment) -> ObjectStore:
         """The store as ``job``'s attempt may use it: the agent's own, or without keys the
@@ -476,7 +481,9 @@ class TrainerAgent:
         reason = str(exc) if isinstance(exc, PreflightError) else readable(exc)
         return Failed(**ids, reason=reason)
 
-    async def _start(self, active: ActiveJob, progress: Queue) -> asyncio.Task[RunResult | None]:
+    async def _start(
+        self, active: ActiveJob, progress: Queue
+    ) -> asyncio.Task[RunResult | ReplayReport | None]:
         """Emit ``started`` and run the attempt on Ray (in a thread), from the checkpoint an
         earlier attempt committed, if any."""
         job = active.job
@@ -485,7 +492,7 @@ class TrainerAgent:
         elif active.release_reason is not None:  # likewise a hand-back
             await asyncio.to_thread(_ray_get, active.control.release.remote())
         store = self.store_for(job)
-        resume = await asyncio.to_thread(prepare_resume, store, job.job_id, job.attempt)
+        resume = await asyncio.to_thread(starting_point, job, store)
         active.step = resume.step if resume is not None else 0
         await self._emit(
             Started(
@@ -497,12 +504,22 @@ class TrainerAgent:
         )
         return asyncio.create_task(
             asyncio.to_thread(
-                run_job, job, self.settings, store, progress, active.control, resume=resume
+                run_job,
+                job,
+                self.settings,
+                store,
+                progress,
+                active.control,
+                hooks=self.hooks,
+                resume=resume,
             )
         )
 
     async def _follow(
-        self, active: ActiveJob, fit: asyncio.Task[RunResult | None], progress: Queue
+        self,
+        active: ActiveJob,
+        fit: asyncio.Task[RunResult | ReplayReport | None],
+        progress: Queue,
     ) -> None:
         """Until the run ends, turn rank 0's reports into events, and every heartbeat
         interval check that the job record still gives this attempt to this worker."""
@@ -527,7 +544,7 @@ class TrainerAgent:
                 "could not report %s of %s", type(report).__name__, active.job.job_id, exc_info=True
             )
 
-    async def _conclude(self, active: ActiveJob, result: RunResult | None) -> None:
+    async def _conclude(self, active: ActiveJob, result: RunResult | ReplayReport | None) -> None:
         """The attempt's terminal event, if it is still the job's current attempt."""
         job = active.job
         await self._stop_if_superseded(active)
@@ -558,6 +575,12 @@ class TrainerAgent:
         elif result is None:
             reason = "training stopped without a result"
             await self._emit(Failed(job_id=job.job_id, attempt=job.attempt, reason=reason))
+        elif isinstance(result, ReplayReport):
+            # A replay registers nothing: its measurements are its result.
+            replayed = Replayed(
+                job_id=job.job_id, attempt=job.attempt, worker_id=self.worker_id, report=result
+            )
+            await self._emit(replayed)
         else:
             await self._finish(active, result)
 

@@ -20,7 +20,15 @@ import torch
 from peft import PeftModel
 from safetensors.torch import load_file, save_file
 
-from swarm_contracts.layout import join_key, resume_key, run_key
+# checkpoint_dir_name is re-exported: the loop and the hooks name directories by it.
+from swarm_contracts.layout import checkpoint_dir_name as checkpoint_dir_name
+from swarm_contracts.layout import (
+    checkpoint_prefix,
+    join_key,
+    resume_key,
+    run_key,
+)
+from swarm_contracts.verification import VerifyTarget
 from swarm_runtime.store import NotFound, ObjectStore
 from swarm_trainer.sharding import REPLICATED, Sharding
 from swarm_trainer.train_state import TrainState
@@ -43,10 +51,6 @@ RESUME_TRIES = 5
 
 class CheckpointError(RuntimeError):
     pass
-
-
-def checkpoint_dir_name(step: int) -> str:
-    return f"checkpoint_{step:08d}"
 
 
 def save_adapter(
@@ -199,8 +203,28 @@ def wait_committed(
     return True
 
 
-def prepare_resume(store: ObjectStore, job_id: str, attempt: int) -> ResumePoint | None:
-    """Where ``attempt`` starts: the latest checkpoint any earlier attempt committed, copied to
+def replay_start(store: ObjectStore, target: VerifyTarget) -> ResumePoint:
+    """Where a replay starts: the target's checkpoint at ``from_step``, used in place (the
+    target has ended, and the registry keeps a job's checkpoints while it is verified). Both
+    ends must be committed checkpoints of the target's run, not merely directories."""
+    snapshot = _snapshot(store, target.job_id, target.attempt)
+    for step in (target.from_step, target.to_step):
+        if not _listed(snapshot, checkpoint_dir_name(step)):
+            raise CheckpointError(
+                f"{target.job_id} attempt {target.attempt} has no committed checkpoint at "
+                f"step {step} to replay"
+            )
+    return ResumePoint(
+        step=target.from_step,
+        key=checkpoint_prefix(target.job_id, target.attempt, target.from_step),
+    )
+
+
+def prepare_resume(
+    store: ObjectStore, job_id: str, attempt: int, after: int = 0
+) -> ResumePoint | None:
+    """Where ``attempt`` starts: the latest checkpoint any earlier attempt (after attempt
+    ``after``: a rerun does not trust those before) committed, copied to
     ``resume_key`` first (idempotent). The copy counts only if the source is still listed after
     it is complete: Ray drops a checkpoint from its snapshot before deleting its files, so an
     earlier attempt still running (frozen, then woken up) cannot prune it under us."""
@@ -212,7 +236,7 @@ def prepare_resume(store: ObjectStore, job_id: str, attempt: int) -> ResumePoint
         pass
     for _ in range(RESUME_TRIES):
         candidates = []
-        for earlier in range(1, attempt):
+        for earlier in range(after + 1, attempt):
             name = _latest(_snapshot(store, job_id, earlier))
             if name is not None:
                 candidates.append((_step(name), earlier, name))

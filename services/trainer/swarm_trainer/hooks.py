@@ -54,6 +54,9 @@ class LoopHooks:
     def after_training(self, recipe: Recipe) -> None:
         """After the last step, before rank 0 saves the best adapter."""
 
+    def before_checkpoint(self, recipe: Recipe, state: TrainState) -> None:
+        """Before the checkpoint of step ``state.step`` is gathered and saved."""
+
 
 @dataclass
 class CrashBeforeStep(LoopHooks):
@@ -100,6 +103,44 @@ class RecordRanks(LoopHooks):
             "adapter_digest": digest(weights),
         }
         Path(self.trace_dir, f"rank{recipe.rank}.json").write_text(json.dumps(trace))
+
+
+@dataclass
+class PerturbCheckpoints(LoopHooks):
+    """A deliberately dishonest worker: before each checkpoint, every LoRA matrix gets noise of
+    ``scale`` times its own norm (a worker passing off cheaper or made-up work as training).
+    The noise stays in the model, so the run goes on from the perturbed weights, and its
+    checkpoints and adapter are what such a worker would hand in."""
+
+    scale: float = 0.5
+    seed: int = 1234
+
+    def before_checkpoint(self, recipe: Recipe, state: TrainState) -> None:
+        import torch
+
+        # Its own generator: the run's RNG streams (dropout, data order) stay untouched.
+        generator = torch.Generator().manual_seed(self.seed + state.step)
+        with torch.no_grad():
+            for name, param in recipe.peft_model.named_parameters():
+                if "lora_" not in name:
+                    continue
+                noise = torch.randn(param.shape, generator=generator).to(param.device, param.dtype)
+                size = float(param.norm()) or 1e-3  # lora_B starts at zero
+                param.add_(noise * (self.scale * size / float(noise.norm())))
+
+
+# The hooks an agent can be told to run every job with (``SWARM_TRAINER_TEST_HOOK``), so that
+# a test can make a whole worker process misbehave.
+AGENT_HOOKS: dict[str, type[LoopHooks]] = {"perturb_checkpoints": PerturbCheckpoints}
+
+
+def agent_hooks(name: str) -> LoopHooks | None:
+    """The named hook (None for ""); an unknown name is an error, not an honest worker."""
+    if not name:
+        return None
+    if name not in AGENT_HOOKS:
+        raise ValueError(f"unknown trainer test hook {name!r}; known: {', '.join(AGENT_HOOKS)}")
+    return AGENT_HOOKS[name]()
 
 
 def digest(tensors: dict[str, torch.Tensor]) -> str:

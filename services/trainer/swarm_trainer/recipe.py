@@ -25,7 +25,7 @@ from peft import PeftModel
 from transformers import AutoTokenizer
 
 from swarm_contracts.jobs import TrainingSpec
-from swarm_contracts.layout import output_adapter, output_result
+from swarm_contracts.layout import output_adapter, output_replay, output_result
 from swarm_contracts.workers import Assignment
 from swarm_runtime.store import ObjectStore
 from swarm_trainer import checkpoint, fetch, reports
@@ -47,6 +47,7 @@ from swarm_trainer.hooks import LoopHooks
 from swarm_trainer.loop_config import LoopConfig
 from swarm_trainer.model import build_model
 from swarm_trainer.parent_adapter import fetch_parent
+from swarm_trainer.replay import replay_report
 from swarm_trainer.reporter import Reporter
 from swarm_trainer.rng import load_rng, save_rng, seed_everything
 from swarm_trainer.sharding import Sharding, for_strategy
@@ -69,7 +70,8 @@ def train_loop(config: dict[str, Any]) -> None:
         recipe = setup(loop, work, held)
         state = resume(recipe, loop.resume_from)
         if train(recipe, state):
-            finish(recipe, state)
+            # A replay (verification) compares what it reached; a job saves its adapter.
+            (finish_replay if recipe.job.verify else finish)(recipe, state)
 
 
 @dataclass
@@ -260,8 +262,14 @@ def resume(recipe: Recipe, earlier_attempt: ray.train.Checkpoint | None) -> Trai
 def train(recipe: Recipe, state: TrainState) -> bool:
     """Step to ``max_steps``, validating and checkpointing on their schedules; False when a
     stop request ended it: a cancel saves nothing more, a release (the job is handed back)
-    first commits a checkpoint of the current step unless it has one already."""
+    first commits a checkpoint of the current step unless it has one already.
+
+    A replay steps to its target's ``to_step`` only (the schedule still spans ``max_steps``),
+    keeping each step's loss; it neither validates (evaluation changes no weights) nor
+    checkpoints (Ray's retry of a crashed replay starts it again from the target's)."""
     t = recipe.training
+    replay = recipe.job.verify is not None
+    end = recipe.job.verify.to_step if recipe.job.verify is not None else t.max_steps
     recipe.reporter.send(
         reports.Started(
             resumed_from_step=state.step,
@@ -272,14 +280,17 @@ def train(recipe: Recipe, state: TrainState) -> bool:
     recipe.model.train()
     recipe.train_started = time.monotonic()
     saved_step = state.step  # a resumed run starts from a committed checkpoint
-    while state.step < t.max_steps:
+    while state.step < end:
         recipe.hooks.before_step(recipe, state)
         if mode := recipe.reporter.stop_mode(recipe.device):
-            if mode == RELEASE and state.step > saved_step:
+            if mode == RELEASE and state.step > saved_step and not replay:
                 save_checkpoint(recipe, state, {"step": state.step})
             recipe.reporter.send(reports.Cancelled(step=state.step))
             return False
         metrics = step(recipe, state)
+        if replay:
+            state.losses[state.step] = metrics["loss"]
+            continue
         last = state.step == t.max_steps
         if recipe.has_eval and (state.step % t.eval_every == 0 or last):
             metrics |= validate(recipe, state)
@@ -348,6 +359,7 @@ def save_checkpoint(recipe: Recipe, state: TrainState, metrics: dict[str, float]
     has reported. The adapter and optimizer state are gathered on every rank first (shards
     under fsdp, so a collective); rank 0 writes them whole."""
     started = time.monotonic()
+    recipe.hooks.before_checkpoint(recipe, state)
     name = checkpoint_dir_name(state.step)
     lora_state = recipe.sharding.lora_state(recipe.peft_model)
     optimizer_state = recipe.sharding.optimizer_state(recipe.model, recipe.optimizer)
@@ -394,4 +406,20 @@ def finish(recipe: Recipe, state: TrainState) -> None:
     store.upload_dir(out_dir, output_adapter(job.job_id, job.attempt))
     metrics = state.metrics(elapsed_s=time.monotonic() - recipe.train_started)
     store.put_bytes(output_result(job.job_id, job.attempt), metrics.model_dump_json().encode())
+    recipe.reporter.send(reports.Finished(step=state.step, save_s=time.monotonic() - started))
+
+
+def finish_replay(recipe: Recipe, state: TrainState) -> None:
+    """A replay's end: every rank gathers the adapter (fsdp: a collective); rank 0 compares it
+    with the target's checkpoint and puts the ``ReplayReport`` where the agent reads it."""
+    started = time.monotonic()
+    ours = recipe.sharding.adapter_weights(recipe.peft_model)
+    job = recipe.job
+    if recipe.rank != 0 or job.verify is None:
+        return
+    elapsed = time.monotonic() - recipe.train_started
+    report = replay_report(recipe.store, job.verify, ours, state.losses, elapsed)
+    recipe.store.put_bytes(
+        output_replay(job.job_id, job.attempt), report.model_dump_json().encode()
+    )
     recipe.reporter.send(reports.Finished(step=state.step, save_s=time.monotonic() - started))

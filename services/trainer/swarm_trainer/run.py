@@ -12,13 +12,16 @@ from ray.train.torch import TorchTrainer
 from ray.util.queue import Queue
 
 from swarm_contracts.layout import (
+    CHECKPOINTS_KEPT,
     job_checkpoints,
     join_key,
     output_adapter,
+    output_replay,
     output_result,
     run_key,
     run_name,
 )
+from swarm_contracts.verification import ReplayReport
 from swarm_contracts.workers import Assignment
 from swarm_runtime.settings import Settings
 from swarm_runtime.store import NotFound, ObjectStore
@@ -27,6 +30,7 @@ from swarm_trainer.checkpoint import (
     ResumePoint,
     committed_checkpoint_step,
     prepare_resume,
+    replay_start,
     wait_committed,
 )
 from swarm_trainer.hooks import LoopHooks
@@ -35,7 +39,14 @@ from swarm_trainer.parent_adapter import missing_parent_files
 from swarm_trainer.recipe import train_loop
 from swarm_trainer.train_state import TrainMetrics
 
-__all__ = ["committed_checkpoint_step", "prepare_resume", "run_job", "wait_committed"]
+__all__ = [
+    "committed_checkpoint_step",
+    "prepare_resume",
+    "replay_start",
+    "run_job",
+    "starting_point",
+    "wait_committed",
+]
 
 
 # Ray restarts a crashed training worker this many times, resuming from the last
@@ -115,6 +126,14 @@ def preflight_compute(job: Assignment) -> None:
             )
 
 
+def starting_point(job: Assignment, store: ObjectStore) -> ResumePoint | None:
+    """Where the attempt starts: a replay from its target's checkpoint, any other attempt from
+    the latest checkpoint an earlier attempt (one it may trust) committed."""
+    if job.verify is not None:
+        return replay_start(store, job.verify)
+    return prepare_resume(store, job.job_id, job.attempt, after=job.resume_after_attempt)
+
+
 def run_job(
     job: Assignment,
     settings: Settings,
@@ -124,16 +143,17 @@ def run_job(
     max_failures: int = DEFAULT_MAX_FAILURES,
     hooks: LoopHooks | None = None,
     resume: ResumePoint | None = None,
-) -> RunResult | None:
-    """Train ``job`` to the end; None when it was cancelled (``control`` said so).
+) -> RunResult | ReplayReport | None:
+    """Train ``job`` to the end; None when it was cancelled (``control`` said so). A replay
+    (``job.verify``) answers with what it measured instead.
 
     ``progress`` and ``control``: the channels of ``control.make_channels``. ``resume``: what
-    ``prepare_resume`` answered for this attempt (looked up when not given). ``hooks``: test
+    ``starting_point`` answered for this attempt (looked up when not given). ``hooks``: test
     instrumentation for the loop (see ``swarm_trainer.hooks``)."""
     preflight(job, store)
     resources = job.spec.resources
     if resume is None:
-        resume = prepare_resume(store, job.job_id, job.attempt)
+        resume = starting_point(job, store)
     resume_from = None
     if resume is not None:
         # Ray Train v2 dropped TorchTrainer(resume_from_checkpoint=...): the loop takes it from
@@ -171,10 +191,19 @@ def run_job(
             storage_path=storage_path,
             storage_filesystem=storage_fs,
             failure_config=FailureConfig(max_failures=max_failures),
-            checkpoint_config=CheckpointConfig(num_to_keep=2),
+            # The job record keeps the same number of steps (JobRecord.checkpoints): a replay
+            # starts and ends at checkpoints that still exist.
+            checkpoint_config=CheckpointConfig(num_to_keep=CHECKPOINTS_KEPT),
         ),
     )
     trainer.fit()
+    if job.verify is not None:
+        try:
+            return ReplayReport.model_validate_json(
+                store.get_bytes(output_replay(job.job_id, job.attempt))
+            )
+        except NotFound:
+            return None
     try:
         metrics = TrainMetrics.model_validate_json(
             store.get_bytes(output_result(job.job_id, job.attempt))

@@ -27,6 +27,8 @@ class TrainState:
     best: Evaluation | None = None  # lowest eval loss so far
     # The adapter weights at ``best`` (kept in memory: LoRA weights are small).
     best_weights: dict[str, torch.Tensor] | None = field(default=None, repr=False, compare=False)
+    # step -> training loss, kept by a replay only (it reports them; a checkpoint does not).
+    losses: dict[int, float] = field(default_factory=dict, repr=False, compare=False)
 
     def stepped(self, loss: float, micro_batches: int) -> None:
         self.step += 1

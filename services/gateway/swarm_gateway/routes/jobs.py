@@ -1,4 +1,4 @@
-"""``/v1/jobs``: submit, list, show, cancel, metrics and the SSE event stream."""
+"""``/v1/jobs``: submit, list, show, cancel, verify, metrics and the SSE event stream."""
 
 from __future__ import annotations
 
@@ -14,12 +14,20 @@ from sse_starlette.sse import EventSourceResponse
 
 from swarm_contracts.envelope import envelope
 from swarm_contracts.events import TERMINAL_EVENTS, CancelRequest
-from swarm_contracts.jobs import JobRecord, JobSpec, JobState, JobSubmission, job_id_for
+from swarm_contracts.jobs import (
+    JobRecord,
+    JobSpec,
+    JobState,
+    JobSubmission,
+    job_id_for,
+    unverifiable,
+)
 from swarm_contracts.memory import MemoryEstimate
 from swarm_contracts.memory_estimate import estimate_memory
 from swarm_contracts.metrics import GetJobMetrics, JobMetrics
 from swarm_contracts.refs import Ref
 from swarm_contracts.registry import GetModel, ModelVersion, continued_spec
+from swarm_contracts.verification import VerifyRequest
 from swarm_gateway.auth import Caller, Principal, Tenant
 from swarm_gateway.errors import field_error
 from swarm_gateway.event_stream import follow, start_sequence
@@ -199,13 +207,42 @@ async def cancel_job(
 ) -> JobRecord:
     record = await _own_job(gw, caller, job_id)
     request = CancelRequest(job_id=job_id, reason=reason or "cancelled by request")
-    event = envelope("gateway", "swarm.job.cancel", request, subject=job_id)
+    await _control(gw, gw.subjects.cancel(job_id), "swarm.job.cancel", request, job_id)
+    return record
+
+
+async def _control(gw: Gateway, subject: str, kind: str, data: BaseModel, job_id: str) -> None:
+    """A command about one job for the scheduler, kept on the control stream until it is read."""
+    event = envelope("gateway", kind, data, subject=job_id)
     await gw.publish(
-        gw.subjects.cancel(job_id),
+        subject,
         event.model_dump_json().encode(),
         stream=gw.subjects.control_stream,
         headers={"content-type": "application/json"},
     )
+
+
+@router.post(
+    "/{job_id}/verify",
+    status_code=status.HTTP_202_ACCEPTED,
+    response_model=JobRecord,
+    responses={
+        404: {"description": "no such job of the caller's tenant"},
+        409: {
+            "description": "the job is not finished, not succeeded, or has fewer than two "
+            "committed checkpoints to replay between"
+        },
+    },
+)
+async def verify_job(job_id: str, gw: GW, caller: Caller) -> JobRecord:
+    """Replay part of the succeeded job on another worker (of another provider) and compare:
+    the outcome comes as the job's ``verified`` event and in ``verification`` on its record.
+    Asking again for the same attempt changes nothing."""
+    record = await _own_job(gw, caller, job_id)
+    if (problem := unverifiable(record)) is not None:
+        raise HTTPException(status.HTTP_409_CONFLICT, detail=problem)
+    request = VerifyRequest(job_id=job_id)
+    await _control(gw, gw.subjects.verify(job_id), "swarm.job.verify", request, job_id)
     return record
 
 
@@ -242,6 +279,8 @@ async def job_events(
     start_seq = start_sequence(last_event_id)
 
     async def ends(name: str, data: bytes) -> bool:
+        if name == "verified":  # after a verification the job is over, unless it is rerun
+            return await _job_over(gw, job_id)
         return name in TERMINAL_EVENTS and await _ends_the_job(gw, job_id, data)
 
     events = follow(
@@ -258,13 +297,21 @@ async def job_events(
 
 async def _ends_the_job(gw: Gateway, job_id: str, data: bytes) -> bool:
     """Whether a terminal event ends the job: not when a later attempt has taken over (the
-    late ``failed`` of a worker that lost its lease, say), which the record tells."""
+    late ``failed`` of a worker that lost its lease, say), nor when the attempt's verification
+    is done (its ``verified`` event, and what the verification made of the job, follow in the
+    history), which the record tells. A verification still pending does not hold a live
+    follower: its replay may wait long for a worker."""
     try:
         attempt = int(json.loads(data)["data"].get("attempt", 0))
     except (ValueError, KeyError, TypeError, AttributeError):
         return True  # not ours to judge: end as the event says
     found = await gw.jobs.get(job_id)
-    return found is None or found[0].attempt <= attempt
+    if found is None:
+        return True
+    record = found[0]
+    v = record.verification
+    verified = v is not None and v.attempt == attempt and v.outcome != "pending"
+    return record.attempt <= attempt and not verified
 
 
 async def _job_over(gw: Gateway, job_id: str) -> bool:

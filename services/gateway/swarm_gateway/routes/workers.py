@@ -1,10 +1,12 @@
 """``/v1/workers``: the scheduler's worker table, read from the ``workers`` bucket, and the
-operators' cordons and drains, written to the ``worker_ops`` bucket (the scheduler follows it);
+operators' cordons and drains, written to the ``worker_ops`` bucket (the scheduler follows it),
+where the scheduler also marks the workers a verification caught (suspect) until cleared;
 a worker's self-benchmark, rerun on request; ``/v1/inference/workers``: the inference workers'
 latest heartbeats."""
 
 from __future__ import annotations
 
+import contextlib
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Depends, HTTPException, Path, status
@@ -15,6 +17,7 @@ from swarm_contracts.jobs import utcnow
 from swarm_contracts.workers import BenchmarkRequest, WorkerBenchmark, WorkerInfo, WorkerOps
 from swarm_gateway.auth import Admin
 from swarm_gateway.state import Gateway, get_gateway
+from swarm_runtime.records import Conflict
 from swarm_runtime.rpc import ServiceClient
 
 # A worker with a GPU measures in a child process: its imports and CUDA start-up come first.
@@ -39,6 +42,7 @@ async def list_workers(gw: GW, _admin: Admin) -> WorkerList:
         o = ops.get(w.worker_id)
         w.cordoned = o is not None and not o.schedulable
         w.draining = o is not None and o.drain
+        w.suspect = o is not None and o.suspect
     workers.sort(key=lambda w: w.worker_id)
     return WorkerList(data=workers)
 
@@ -64,10 +68,21 @@ class DrainRequest(BaseModel):
 
 
 async def _set_ops(gw: Gateway, worker_id: str, ops: WorkerOps) -> WorkerOps:
+    """Write the operator's instruction; a suspicion the scheduler raised stays (``clear``
+    ends it), so the write is a compare-and-set that carries it over."""
     if await gw.workers.get(worker_id) is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"worker {worker_id} not found")
-    await gw.worker_ops.put(worker_id, ops)
-    return ops
+
+    def keeping_suspicion(old: WorkerOps) -> WorkerOps:
+        return ops.model_copy(update={"suspect": old.suspect, "suspect_reason": old.suspect_reason})
+
+    for _ in range(2):  # created meanwhile: the second round finds it
+        if (written := await gw.worker_ops.modify(worker_id, keeping_suspicion)) is not None:
+            return written[0]
+        with contextlib.suppress(Conflict):
+            await gw.worker_ops.create(worker_id, ops)
+            return ops
+    raise HTTPException(status.HTTP_409_CONFLICT, detail=f"worker {worker_id}: try again")
 
 
 @router.post("/{worker_id}/cordon", response_model=WorkerOps, responses=ADMIN_ONLY)
@@ -81,13 +96,45 @@ async def cordon(
     return await _set_ops(gw, worker_id, ops)
 
 
-@router.post("/{worker_id}/uncordon", response_model=WorkerOps, responses=ADMIN_ONLY)
-async def uncordon(gw: GW, _admin: Admin, worker_id: WorkerId) -> WorkerOps:
-    """Admins only: the worker takes jobs again (ends a cordon or a drain)."""
+async def _lift(gw: Gateway, worker_id: str, keep_suspect: bool) -> WorkerOps:
+    """End the operator's cordon or drain (``keep_suspect``), or the suspicion a failed
+    verification raised (not ``keep_suspect``): what is left stays, by compare-and-set so that
+    the scheduler's marking of the worker meanwhile is not lost."""
     if await gw.workers.get(worker_id) is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"worker {worker_id} not found")
-    await gw.worker_ops.delete(worker_id)
-    return WorkerOps(worker_id=worker_id, updated_at=utcnow())
+
+    def lift(ops: WorkerOps) -> WorkerOps:
+        if keep_suspect:
+            ops.cordoned = ops.drain = ops.move_jobs = False
+            ops.reason = ""
+        else:
+            ops.suspect, ops.suspect_reason = False, ""
+        ops.updated_at = utcnow()
+        return ops
+
+    written = await gw.worker_ops.modify(worker_id, lift)
+    if written is None:  # no instruction: nothing to lift
+        return WorkerOps(worker_id=worker_id, updated_at=utcnow())
+    ops, revision = written
+    if ops.schedulable:
+        # Nothing left to follow: the entry goes, unless it changed again meanwhile.
+        with contextlib.suppress(Conflict):
+            await gw.worker_ops.delete(worker_id, revision)
+    return ops
+
+
+@router.post("/{worker_id}/uncordon", response_model=WorkerOps, responses=ADMIN_ONLY)
+async def uncordon(gw: GW, _admin: Admin, worker_id: WorkerId) -> WorkerOps:
+    """Admins only: the worker takes jobs again (ends a cordon or a drain; a suspect worker
+    stays suspect until ``clear``)."""
+    return await _lift(gw, worker_id, keep_suspect=True)
+
+
+@router.post("/{worker_id}/clear", response_model=WorkerOps, responses=ADMIN_ONLY)
+async def clear(gw: GW, _admin: Admin, worker_id: WorkerId) -> WorkerOps:
+    """Admins only: clear the suspicion a failed verification put on the worker (it takes
+    jobs again unless an operator's cordon or drain still holds)."""
+    return await _lift(gw, worker_id, keep_suspect=False)
 
 
 @router.post("/{worker_id}/drain", response_model=WorkerOps, responses=ADMIN_ONLY)
