@@ -31,7 +31,6 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, get_type_hints
 
-import nats.errors
 from faststream import Context
 from faststream.nats import JStream, NatsBroker, PullSub
 from nats.aio.client import Client
@@ -47,6 +46,7 @@ from swarm_contracts.subjects import Subjects
 from swarm_runtime.broker import dead_letter
 from swarm_runtime.prometheus import subject_template
 from swarm_runtime.records import Conflict
+from swarm_runtime.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -192,9 +192,7 @@ class Intake:
         """Stop taking messages; the ones being handled finish (or time out and are redelivered)."""
         sub, self._sub = self._sub, None
         if self._puller is not None:
-            self._puller.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._puller
+            await cancel_and_wait([self._puller])
             self._puller = None
         if self._in_flight:
             await asyncio.wait(self._in_flight, timeout=10)
@@ -220,7 +218,9 @@ class Intake:
                 while len(self._in_flight) >= MAX_IN_FLIGHT:
                     await asyncio.wait(self._in_flight, return_when=asyncio.FIRST_COMPLETED)
                 msgs = await sub.fetch(min(self.batch, MAX_IN_FLIGHT - len(self._in_flight)), 1.0)
-            except nats.errors.TimeoutError:
+            except TimeoutError:
+                # nats-py's own, or a bare one when the server's answer to its first probe
+                # took most of the second (a busy machine): no messages either way.
                 if time.monotonic() - idle_since > IDLE_CHECK_S:
                     idle_since = time.monotonic()
                     await self._recreate_if_gone(sub)

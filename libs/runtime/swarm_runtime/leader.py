@@ -22,6 +22,8 @@ from collections.abc import Awaitable, Callable
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
+from swarm_runtime.tasks import cancel_and_wait
+
 log = logging.getLogger("swarm.leader")
 
 
@@ -105,10 +107,7 @@ class Leadership:
 
     async def stop(self) -> None:
         """Stop, and hand the lease back at once so that a follower need not wait it out."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await cancel_and_wait([self._task])
         if self.leading:
             with contextlib.suppress(Exception):
                 await self.kv.delete(self.key, last=self._revision)

@@ -54,6 +54,7 @@ from swarm_inference.vllm_backend import VllmEngine
 from swarm_runtime.rpc import Refused, ServiceClient, Unavailable
 from swarm_runtime.settings import Settings
 from swarm_runtime.store import NotFound, open_store
+from swarm_runtime.tasks import cancel_and_wait
 
 log = logging.getLogger("swarm.inference")
 SERVICE = "inference"
@@ -162,9 +163,7 @@ class InferenceWorker:
             with contextlib.suppress(Exception):
                 await request.replier.error(stopping)
             request.task.cancel()
-        for task in [*self._tasks, *(r.task for r in self.open.values())]:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await cancel_and_wait([*self._tasks, *(r.task for r in self.open.values())])
         for held in self.held.values():
             await asyncio.to_thread(held.engine.stop)
         if self._cancel_sub is not None:

@@ -42,6 +42,7 @@ from swarm_runtime.leader import Leadership
 from swarm_runtime.records import Conflict, RecordTable
 from swarm_runtime.rpc import Unavailable
 from swarm_runtime.settings import Settings
+from swarm_runtime.tasks import cancel_and_wait
 from swarm_runtime.topology import ensure_topology, kv_bucket
 from swarm_runtime.tracing import child_span, traceparent
 from swarm_scheduler.leases import LeaseClock, overdue
@@ -155,11 +156,7 @@ class Scheduler:
     async def stop(self) -> None:
         if self.leadership is not None:
             await self.leadership.stop()
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(self._tasks)
         await self.view.close()
         await self.worker_ops.close()
 

@@ -27,7 +27,6 @@ it again stores the event once (the stream de-duplicates over a day).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import uuid
@@ -71,6 +70,7 @@ from swarm_runtime.leader import Leadership
 from swarm_runtime.records import Conflict, RecordTable
 from swarm_runtime.rpc import Refused, ServiceClient
 from swarm_runtime.settings import Settings
+from swarm_runtime.tasks import cancel_and_wait
 from swarm_runtime.topology import ensure_topology, kv_bucket
 from swarm_sweeps.asha import Halving
 from swarm_sweeps.searcher import Searcher
@@ -152,10 +152,7 @@ class Controller:
     async def stop(self) -> None:
         if self.leadership is not None:
             await self.leadership.stop()
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await cancel_and_wait([self._task])
 
     async def _leadership_changed(self, leading: bool) -> None:
         if leading:

@@ -68,6 +68,7 @@ from swarm_runtime.records import RecordTable
 from swarm_runtime.rpc import Refused, ServiceClient, Unavailable
 from swarm_runtime.settings import Settings
 from swarm_runtime.store import ObjectStore, is_unreachable, open_store
+from swarm_runtime.tasks import cancel_and_wait
 from swarm_runtime.topology import ensure_topology, kv_bucket
 from swarm_trainer import reports
 from swarm_trainer.benchmark import run_benchmark
@@ -234,11 +235,7 @@ class TrainerAgent:
             if late:
                 log.warning("%d job(s) did not stop in time; left to the scheduler", len(late))
         tasks = [t for t in [self._heartbeat_task, *(a.task for a in self.active.values())] if t]
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await cancel_and_wait(tasks)
         self.state = "gone"
         with contextlib.suppress(Exception):
             await self._send_heartbeat()
