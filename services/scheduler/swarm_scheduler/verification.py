@@ -12,7 +12,6 @@ standing instruction in ``worker_ops``, like a cordon) and fails or reruns the t
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 from typing import Literal, Protocol
@@ -25,6 +24,7 @@ from swarm_contracts.jobs import JobRecord, JobState, replay_job_id, unverifiabl
 from swarm_contracts.subjects import Subjects
 from swarm_contracts.verification import Verification, VerificationOutcome, VerifyTarget
 from swarm_contracts.workers import WorkerOps
+from swarm_runtime.job_history import past_events
 from swarm_runtime.records import Conflict, RecordTable
 from swarm_runtime.settings import Settings
 from swarm_scheduler.metrics import SchedulerMetrics
@@ -34,7 +34,6 @@ from swarm_scheduler.view import JobView
 from swarm_scheduler.worker_table import WorkerTable
 
 log = logging.getLogger("swarm.scheduler")
-READ_TIMEOUT_S = 2.0
 
 
 async def reported_losses(
@@ -43,26 +42,17 @@ async def reported_losses(
     """The losses the target's worker reported (its ``progress`` events of that attempt) for
     the replayed steps, from the job's event history; best effort: any trouble reading it
     leaves the weights as the only evidence."""
-    losses: dict[int, float] = {}
     try:
-        sub = await js.subscribe(
-            subjects.job_event(target.job_id, "progress"), ordered_consumer=True
-        )
-        try:
-            while True:
-                msg = await sub.next_msg(timeout=READ_TIMEOUT_S)
-                data = json.loads(msg.data).get("data") or {}
-                step = int(data.get("step", 0))
-                mine = data.get("attempt") == target.attempt
-                if mine and target.from_step < step <= target.to_step:
-                    losses[step] = float(data["loss"])
-                if msg.metadata.num_pending == 0:
-                    break
-        finally:
-            await sub.unsubscribe()
+        progress = await past_events(js, subjects, target.job_id, "progress")
     except Exception as exc:
         log.warning("could not read the progress history of %s: %r", target.job_id, exc)
-    return losses
+        return {}
+    return {
+        int(data["step"]): float(data["loss"])
+        for data in progress
+        if data.get("attempt") == target.attempt
+        and target.from_step < int(data.get("step", 0)) <= target.to_step
+    }
 
 
 class Host(Protocol):

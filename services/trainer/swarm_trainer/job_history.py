@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import json
 import logging
 
 from nats.js import JetStreamContext
 
 from swarm_contracts.subjects import Subjects
+from swarm_runtime.job_history import past_events
 
 log = logging.getLogger(__name__)
-READ_TIMEOUT_S = 2.0
 
 
 async def workers_that_ran(
@@ -20,20 +19,15 @@ async def workers_that_ran(
     ending with ``worker_id`` (this one). A job that moved after a worker was lost was trained
     by several; the history is best effort, so any trouble reading it yields this worker only.
     """
-    seen: list[str] = []
     try:
-        sub = await js.subscribe(subjects.job_event(job_id, "started"), ordered_consumer=True)
-        try:
-            while True:
-                msg = await sub.next_msg(timeout=READ_TIMEOUT_S)
-                data = json.loads(msg.data).get("data") or {}
-                if data.get("attempt", 0) <= attempt and data.get("worker_id"):
-                    seen.append(str(data["worker_id"]))
-                if msg.metadata.num_pending == 0:
-                    break
-        finally:
-            await sub.unsubscribe()
+        started = await past_events(js, subjects, job_id, "started")
     except Exception as exc:  # lineage without the history beats no registration
         log.warning("could not read the start history of %s: %r", job_id, exc)
+        started = []
+    seen = [
+        str(data["worker_id"])
+        for data in started
+        if data.get("attempt", 0) <= attempt and data.get("worker_id")
+    ]
     ordered = [w for w in dict.fromkeys(seen) if w != worker_id]
     return [*ordered, worker_id]
