@@ -107,6 +107,9 @@ def stack(nats_server: NatsServer, tmp_path_factory: pytest.TempPathFactory) -> 
             "SWARM_NAMESPACE": "dash" + uuid.uuid4().hex[:8],
             "SWARM_TRAINER_CPUS": "2",
             "SWARM_WORKER_ID": "dashboard-worker",
+            # 0.4 s more per step: the live-curve test sees the run in the middle, however
+            # fast the machine trains the tiny model.
+            "SWARM_TRAINER_TEST_HOOK": "slow_steps",
             # The inference worker (for the playground): quick to hold the new base model.
             "SWARM_INFERENCE_CPU_THREADS": "1",
             "SWARM_INFERENCE_REFRESH_S": "1",

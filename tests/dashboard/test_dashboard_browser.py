@@ -57,13 +57,43 @@ def until(driver: Chrome, what: Callable[[Chrome], object], timeout: float = 60)
     ).until(what)
 
 
+def click_until(driver: Chrome, css: str, then: Callable[[Chrome], object]) -> None:
+    """Click the element at ``css`` until ``then`` holds. The page redraws its tables every
+    poll, so a row found may be replaced before the click lands (stale) or the click may go
+    to the old row; selecting is idempotent, so clicking again is safe."""
+
+    def attempt(d: Chrome) -> object:
+        d.find_element(By.CSS_SELECTOR, css).click()
+        return then(d)
+
+    until(driver, attempt)
+
+
+def chart_points(driver: Chrome, series: str) -> int:
+    """The loss chart's ``data-<series>-points``, read in one JS turn (a redraw replaces the
+    chart, so a found element may be stale by the time it is read)."""
+    return int(
+        driver.execute_script(
+            "const c = document.getElementById('loss-chart');"
+            "return (c && c.getAttribute(arguments[0])) || 0;",
+            f"data-{series}-points",
+        )
+    )
+
+
 def train_points(driver: Chrome) -> int:
-    return int(driver.find_element(By.ID, "loss-chart").get_attribute("data-train-points") or 0)
+    return chart_points(driver, "train")
 
 
 def polyline_points(driver: Chrome, css_class: str) -> int:
-    lines = driver.find_elements(By.CSS_SELECTOR, f"#loss-chart polyline.{css_class}")
-    return len(lines[0].get_attribute("points").split()) if lines else 0
+    # Read in the page's own JS turn: a redraw cannot replace the line between find and read.
+    return int(
+        driver.execute_script(
+            "const l = document.querySelector(arguments[0]);"
+            "return l ? l.getAttribute('points').trim().split(/\\s+/).length : 0;",
+            f"#loss-chart polyline.{css_class}",
+        )
+    )
 
 
 def test_the_dashboard_draws_a_running_jobs_loss_curve_as_it_grows(
@@ -74,18 +104,16 @@ def test_the_dashboard_draws_a_running_jobs_loss_curve_as_it_grows(
     assert browser.title == "Swarm dashboard"
 
     # The worker and its load, from /v1/workers.
-    until(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#workers tr[data-worker-id]"))
-    worker = browser.find_element(By.CSS_SELECTOR, '#workers tr[data-worker-id="dashboard-worker"]')
-    assert "alive" in worker.text
+    worker_css = '#workers tr[data-worker-id="dashboard-worker"]'
+    until(browser, lambda d: "alive" in d.find_element(By.CSS_SELECTOR, worker_css).text)
 
-    # Select the job in the jobs table (rows are redrawn every poll: retry a stale click).
+    # Select the job in the jobs table.
     row_css = f'#jobs tr[data-job-id="{job.job_id}"]'
 
-    def click_row(d: Chrome) -> bool:
-        d.find_element(By.CSS_SELECTOR, row_css).click()
+    def selected(d: Chrome) -> bool:
         return "selected" in (d.find_element(By.CSS_SELECTOR, row_css).get_attribute("class") or "")
 
-    until(browser, click_row)
+    click_until(browser, row_css, selected)
     # The title follows once the page has fetched the job.
     until(browser, lambda d: job.job_id in d.find_element(By.ID, "job-title").text)
     assert job.job_id in browser.find_element(By.ID, "job-title").text
@@ -111,12 +139,16 @@ def test_the_dashboard_draws_a_running_jobs_loss_curve_as_it_grows(
     until(browser, lambda d: train_points(d) == MAX_STEPS)
     until(browser, lambda d: d.find_elements(By.CSS_SELECTOR, '#events li[data-event="succeeded"]'))
     until(browser, lambda d: "dashboard-demo v" in d.find_element(By.ID, "job-summary").text)
-    evals = int(browser.find_element(By.ID, "loss-chart").get_attribute("data-eval-points") or 0)
+    evals = chart_points(browser, "eval")
     assert evals >= 1
     assert polyline_points(browser, "eval") == evals
     assert polyline_points(browser, "train") == MAX_STEPS
-    row = browser.find_element(By.CSS_SELECTOR, row_css)
-    assert row.get_attribute("data-state") == "succeeded"
+    until(
+        browser,
+        lambda d: (
+            d.find_element(By.CSS_SELECTOR, row_css).get_attribute("data-state") == "succeeded"
+        ),
+    )
 
     shot = tmp_path / "dashboard.png"
     assert browser.save_screenshot(str(shot))
@@ -228,8 +260,11 @@ def test_the_jobs_list_pages_by_fifties_and_the_selected_job_stays_in_view(
         assert all(job.job_id in shown for job in first_page)
 
         # However long the list, the selected job's panel starts within the first screen.
-        browser.find_element(By.CSS_SELECTOR, f'#jobs tr[data-job-id="{waiting[-1]}"]').click()
-        until(browser, lambda d: waiting[-1] in d.find_element(By.ID, "job-title").text)
+        click_until(
+            browser,
+            f'#jobs tr[data-job-id="{waiting[-1]}"]',
+            lambda d: waiting[-1] in d.find_element(By.ID, "job-title").text,
+        )
         top = browser.execute_script(
             "return document.getElementById('job-panel').getBoundingClientRect().top"
         )

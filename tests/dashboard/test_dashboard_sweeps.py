@@ -30,12 +30,30 @@ from swarm_runtime.settings import Settings
 from swarm_runtime.topology import ensure_topology, kv_bucket
 
 from ..conftest import ServerThread
-from .test_dashboard_browser import until
+from .test_dashboard_browser import click_until, until
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS_SCREENSHOT = ROOT / "docs" / "img" / "sweep.png"
 SWEEP_ID = "sweep-00112233445566778899"
 TARGETS = [["q_proj", "v_proj"], "all-linear"]
+
+# The sweep view as the page shows it at one moment (the page's JS cannot redraw in between).
+SNAPSHOT = """
+const attr = (el, name) => el.getAttribute(name);
+return {
+  summary: document.getElementById("sweep-summary").innerText,
+  rows: [...document.querySelectorAll("#trials tbody tr")].map((r) => ({
+    trial: attr(r, "data-trial"), state: attr(r, "data-state"), text: r.innerText,
+  })),
+  charts: [...document.querySelectorAll("#sweep-charts svg.scatter")].map((c) => ({
+    param: attr(c, "data-param"),
+    points: attr(c, "data-points"),
+    best: c.querySelectorAll("circle.pt.best").length,
+    partial: c.querySelectorAll("circle.pt.partial").length,
+    text: c.textContent,
+  })),
+};
+"""
 
 
 async def seed(settings: Settings) -> None:
@@ -101,36 +119,38 @@ async def test_the_sweep_view_shows_the_trials_and_the_metric_against_each_param
     with ServerThread(create_app(settings)) as server:
         browser.get(server.url + "/")
         row_css = f'#sweeps tr[data-sweep-id="{SWEEP_ID}"]'
-        until(browser, lambda d: d.find_elements(By.CSS_SELECTOR, row_css))
-        browser.find_element(By.CSS_SELECTOR, row_css).click()
-        until(browser, lambda d: d.find_element(By.ID, "sweep-view").is_displayed())
-        assert SWEEP_ID in browser.find_element(By.ID, "sweep-title").text
-        summary = browser.find_element(By.ID, "sweep-summary").text
-        assert "trial 1: 1.7 (lr-search v2)" in summary
-        assert "asha" in summary
+        click_until(browser, row_css, lambda d: d.find_element(By.ID, "sweep-view").is_displayed())
+        until(browser, lambda d: SWEEP_ID in d.find_element(By.ID, "sweep-title").text)
+
+        # The view is redrawn every poll: read it whole in one JS turn, once it has all six rows.
+        def whole_view(d: Chrome) -> dict | None:
+            view = d.execute_script(SNAPSHOT)
+            return view if len(view["rows"]) == 6 and len(view["charts"]) == 2 else None
+
+        view = until(browser, whole_view)
+        assert isinstance(view, dict)
+        assert "trial 1: 1.7 (lr-search v2)" in view["summary"]
+        assert "asha" in view["summary"]
 
         # One row per trial: parameters, state (pruned at its rung), last evaluation, best.
-        rows = browser.find_elements(By.CSS_SELECTOR, "#trials tbody tr")
-        assert [r.get_attribute("data-trial") for r in rows] == [str(n) for n in range(6)]
-        assert "★" in rows[1].text
-        assert "all-linear" in rows[1].text
-        assert "q_proj,v_proj" in rows[0].text
-        assert rows[2].get_attribute("data-state") == "pruned"
-        assert "@2" in rows[2].text
-        assert "2.2 @2" in rows[5].text  # running: its last evaluation so far
+        rows = view["rows"]
+        assert [r["trial"] for r in rows] == [str(n) for n in range(6)]
+        assert "★" in rows[1]["text"]
+        assert "all-linear" in rows[1]["text"]
+        assert "q_proj,v_proj" in rows[0]["text"]
+        assert rows[2]["state"] == "pruned"
+        assert "@2" in rows[2]["text"]
+        assert "2.2 @2" in rows[5]["text"]  # running: its last evaluation so far
 
         # A scatter per parameter; every evaluated trial is a point (the running and pruned
         # ones at their last evaluation), the best one marked.
-        charts = browser.find_elements(By.CSS_SELECTOR, "#sweep-charts svg.scatter")
-        assert [c.get_attribute("data-param") for c in charts] == [
-            "training.lr",
-            "lora.target_modules",
-        ]
+        charts = view["charts"]
+        assert [c["param"] for c in charts] == ["training.lr", "lora.target_modules"]
         for chart in charts:
-            assert chart.get_attribute("data-points") == "6"
-            assert len(chart.find_elements(By.CSS_SELECTOR, "circle.pt.best")) == 1
-            assert len(chart.find_elements(By.CSS_SELECTOR, "circle.pt.partial")) == 2
-        assert "all-linear" in charts[1].text  # choices are labelled categories
+            assert chart["points"] == "6"
+            assert chart["best"] == 1
+            assert chart["partial"] == 2
+        assert "all-linear" in charts[1]["text"]  # choices are labelled categories
 
         # The page remembers the selection in its address, for a reload or a shared link.
         assert browser.current_url.endswith(f"#sweep={SWEEP_ID}")

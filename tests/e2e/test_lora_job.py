@@ -111,9 +111,12 @@ def test_a_job_trains_and_registers_an_adapter_with_its_lineage(stack: Stack, tm
         client.export_adapter("e2e-adapter", 99)
 
     # Every step of the way was an event, in order.
-    names = [e.event for e in client.events(first.job_id)]
+    events = list(client.events(first.job_id))
+    names = [e.event for e in events]
     assert names[:3] == ["queued", "assigned", "started"]
     assert names[-1] == "succeeded"
+    # The worker's list of the committed checkpoints Ray keeps (the last two) is the record's.
+    assert events[-1].payload["checkpoints"] == record.checkpoints == [6, 12]
     assert names.count("progress") == MAX_STEPS
     assert names.count("checkpoint") >= MAX_STEPS // 6
     assert names.count("validated") >= 2

@@ -115,6 +115,16 @@ def test_the_record_keeps_the_run_s_last_committed_checkpoints() -> None:
     )
     assert done is not None
     assert done.checkpoints == [4, 6]
+    # The `checkpointed` event of step 4 lost the race with the end (applied after it, so
+    # never): the worker's own list in `succeeded` completes the record's.
+    raced = apply_event(
+        record(JobState.running).model_copy(update={"checkpoints": [2]}),
+        Succeeded(
+            job_id="job-1", attempt=1, adapter=adapter, metrics={"step": 6}, checkpoints=[4, 6]
+        ),
+    )
+    assert raced is not None
+    assert raced.checkpoints == [4, 6]
 
 
 def test_replayed_ends_a_replay_job_only() -> None:

@@ -1,14 +1,16 @@
-"""A replay's comparison maths, and the dishonest worker's perturbation it must catch."""
+"""A replay's comparison maths, the dishonest worker's perturbation it must catch, and the
+other hooks an agent can be told to run."""
 
 from __future__ import annotations
 
+import time
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import torch
 
-from swarm_trainer.hooks import PerturbCheckpoints, agent_hooks
+from swarm_trainer.hooks import PerturbCheckpoints, SlowSteps, agent_hooks
 from swarm_trainer.replay import relative_l2
 from swarm_trainer.train_state import TrainState
 
@@ -54,5 +56,10 @@ def test_the_dishonest_hook_moves_every_lora_matrix_and_nothing_else() -> None:
 def test_an_agent_hook_is_named_or_refused() -> None:
     assert agent_hooks("") is None
     assert isinstance(agent_hooks("perturb_checkpoints"), PerturbCheckpoints)
+    slow = agent_hooks("slow_steps")
+    assert isinstance(slow, SlowSteps)
+    started = time.monotonic()
+    slow.before_step(cast(Any, None), TrainState(step=0))
+    assert time.monotonic() - started >= slow.seconds
     with pytest.raises(ValueError, match="unknown trainer test hook"):
         agent_hooks("nope")

@@ -104,6 +104,10 @@ class Succeeded(JobEvent):
     event: Literal["succeeded"] = "succeeded"
     adapter: AdapterRef
     metrics: dict[str, float] = Field(default_factory=dict)
+    # The attempt's committed checkpoints (steps) as its worker saw them commit: the record's
+    # list, which the ``checkpointed`` events build, may miss one whose event is applied
+    # after this one (a replay must start from a checkpoint that is still there).
+    checkpoints: list[int] = Field(default_factory=list)
 
 
 class Failed(JobEvent):

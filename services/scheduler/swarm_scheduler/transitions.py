@@ -74,8 +74,11 @@ def apply_event(
             new.adapter = event.adapter
             new.metrics.update(event.metrics)
             new.reason = None
-            # The run's last checkpoint is of its last step; its event may come after this.
-            new.checkpoints = kept_checkpoints(record.checkpoints, event.metrics.get("step"))
+            # The run's last checkpoint is of its last step, and `checkpointed` events may be
+            # applied after this one (then not at all: the record has ended): the worker's
+            # own list completes the record's.
+            seen = sorted({*record.checkpoints, *event.checkpoints})
+            new.checkpoints = kept_checkpoints(seen, event.metrics.get("step"))
         case Replayed() if record.verify is not None:
             # A replay's end: what it measured is judged by the scheduler (verification).
             new.state = JobState.succeeded

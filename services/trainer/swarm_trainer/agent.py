@@ -46,6 +46,7 @@ from swarm_contracts.events import (
     Validated,
 )
 from swarm_contracts.jobs import AdapterRef, JobRecord, JobState, utcnow
+from swarm_contracts.layout import CHECKPOINTS_KEPT
 from swarm_contracts.providers import read_credentials
 from swarm_contracts.registry import AdapterVersion, Lineage, RegisterAdapter
 from swarm_contracts.subjects import Subjects
@@ -122,6 +123,7 @@ class ActiveJob:
     control: Any = None
     step: int = 0
     last_checkpoint_step: int | None = None
+    checkpoints: list[int] = field(default_factory=list)  # committed, in order
     cancel_requested: bool = False
     # Why, as the cancel request said (e.g. "pruned" from a sweep): the `cancelled` event and
     # so the job record carry it.
@@ -680,6 +682,7 @@ class TrainerAgent:
             log.warning("checkpoint %d of %s was not committed in time", step, job.job_id)
             return
         active.last_checkpoint_step = step
+        active.checkpoints.append(step)
         key = checkpoint_key(job.job_id, job.attempt, report.dir_name)
         await self._emit(
             CheckpointSaved(job_id=job.job_id, attempt=job.attempt, step=step, store_key=key),
@@ -730,7 +733,13 @@ class TrainerAgent:
             name=version.name, version=version.version, store_key=version.store_key
         )
         await self._emit(
-            Succeeded(job_id=job.job_id, attempt=job.attempt, adapter=adapter, metrics=metrics)
+            Succeeded(
+                job_id=job.job_id,
+                attempt=job.attempt,
+                adapter=adapter,
+                metrics=metrics,
+                checkpoints=active.checkpoints[-CHECKPOINTS_KEPT:],
+            )
         )
 
     async def register(self, request: RegisterAdapter) -> AdapterVersion:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -129,9 +130,24 @@ class PerturbCheckpoints(LoopHooks):
                 param.add_(noise * (self.scale * size / float(noise.norm())))
 
 
+@dataclass
+class SlowSteps(LoopHooks):
+    """Every step takes at least ``seconds`` longer: a slow worker, so that a test which
+    watches a run from outside (the dashboard's live curve) sees it in the middle however
+    fast the machine trains the tiny model."""
+
+    seconds: float = 0.4
+
+    def before_step(self, recipe: Recipe, state: TrainState) -> None:
+        time.sleep(self.seconds)
+
+
 # The hooks an agent can be told to run every job with (``SWARM_TRAINER_TEST_HOOK``), so that
 # a test can make a whole worker process misbehave.
-AGENT_HOOKS: dict[str, type[LoopHooks]] = {"perturb_checkpoints": PerturbCheckpoints}
+AGENT_HOOKS: dict[str, type[LoopHooks]] = {
+    "perturb_checkpoints": PerturbCheckpoints,
+    "slow_steps": SlowSteps,
+}
 
 
 def agent_hooks(name: str) -> LoopHooks | None:
