@@ -10,7 +10,9 @@ from swarm_contracts.jobs import JobState
 
 from .conftest import Procs, done, start_base
 
-pytestmark = pytest.mark.slow
+# Real processes, each trainer with its own Ray cluster: beside another such test on a loaded
+# two-core machine one can take longer than the suite's 600 s per test; its own waits bound it.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
 
 def test_killing_the_leader_scheduler_repeatedly_loses_and_doubles_nothing(

@@ -20,7 +20,9 @@ from swarm_contracts.jobs import JobState
 
 from .conftest import Procs, done
 
-pytestmark = pytest.mark.slow
+# Real processes, each trainer with its own Ray cluster: beside another such test on a loaded
+# two-core machine one can take longer than the suite's 600 s per test; its own waits bound it.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
 PATIENT = {"SWARM_WORKER_TIMEOUT_S": "60", "SWARM_ASSIGN_TIMEOUT_S": "180"}
 
