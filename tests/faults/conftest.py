@@ -217,10 +217,10 @@ def procs(tmp_path: Path) -> Iterator[Procs]:
         server.stop()
 
 
-def start_base(procs: Procs, schedulers: int = 1) -> str:
+def start_base(procs: Procs, schedulers: int = 1, **scheduler_env: str) -> str:
     for svc in ("gateway", "registry"):
         procs.start(svc, svc)
     for i in range(schedulers):
-        procs.start(f"scheduler{i}", "scheduler")
+        procs.start(f"scheduler{i}", "scheduler", **scheduler_env)
     procs.wait_gateway()
     return procs.prepare_inputs()

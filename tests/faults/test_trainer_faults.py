@@ -32,7 +32,9 @@ def test_a_killed_trainer_s_job_resumes_on_the_other_from_its_checkpoint(procs: 
 
 
 def test_a_frozen_trainer_s_late_events_are_rejected(procs: Procs) -> None:
-    dataset = start_base(procs)
+    # 10 s of silence, not 3: the frozen worker is lost all the same, but the one that takes
+    # over is not (on a starved CI machine its heartbeats have come more than 3 s apart).
+    dataset = start_base(procs, SWARM_WORKER_TIMEOUT_S="10")
     procs.start("t1", "trainer", SWARM_WORKER_ID="t1")
     job_id = procs.submit(dataset, "frozen", steps=30, checkpoint_every=3)
     # Frozen with a checkpoint behind it: attempt 2 resumes from it while attempt 1, once woken,
