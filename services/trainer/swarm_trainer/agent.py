@@ -122,8 +122,7 @@ class ActiveJob:
     job: Assignment
     control: Any = None
     step: int = 0
-    last_checkpoint_step: int | None = None
-    checkpoints: list[int] = field(default_factory=list)  # committed, in order
+    checkpoints: list[int] = field(default_factory=list)  # the committed steps, in order
     cancel_requested: bool = False
     # Why, as the cancel request said (e.g. "pruned" from a sweep): the `cancelled` event and
     # so the job record carry it.
@@ -136,6 +135,10 @@ class ActiveJob:
     started_at: datetime = field(default_factory=utcnow)
     task: asyncio.Task[None] | None = None
     trace: JobTrace | None = None
+
+    @property
+    def last_checkpoint_step(self) -> int | None:
+        return self.checkpoints[-1] if self.checkpoints else None
 
 
 class TrainerAgent:
@@ -681,7 +684,6 @@ class TrainerAgent:
         if not committed:
             log.warning("checkpoint %d of %s was not committed in time", step, job.job_id)
             return
-        active.last_checkpoint_step = step
         active.checkpoints.append(step)
         key = checkpoint_key(job.job_id, job.attempt, report.dir_name)
         await self._emit(
