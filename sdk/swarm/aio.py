@@ -40,7 +40,7 @@ from swarm_contracts.jobs import JobRecord, JobSpec
 from swarm_contracts.memory import MemoryEstimate
 from swarm_contracts.metrics import JobMetrics
 from swarm_contracts.registry import AdapterVersion, ExportResult, ModelVersion
-from swarm_contracts.sweeps import SWEEP_TERMINAL_EVENTS, SweepDetail, SweepRecord, SweepSpec
+from swarm_contracts.sweeps import SweepDetail, SweepRecord, SweepSpec
 from swarm_contracts.workers import WorkerBenchmark, WorkerInfo, WorkerOps
 
 T = TypeVar("T")
@@ -145,8 +145,6 @@ class AsyncClient:
                             continue
                         resume.seen(event)
                         yield event
-                        if resume.over(event):
-                            return
                 return
             except httpx.TransportError as exc:
                 delay = resume.backoff()
@@ -193,7 +191,7 @@ class AsyncClient:
     ) -> AsyncIterator[JobStreamEvent]:
         """The sweep's events until it completes, fails or is cancelled."""
         path = api.sweep_events_path(sweep_id)
-        resume = Resume(path, last_event_id, max_reconnects, ends=SWEEP_TERMINAL_EVENTS)
+        resume = Resume(path, last_event_id, max_reconnects)
         async for event in self._follow(resume):
             yield event
 

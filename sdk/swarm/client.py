@@ -47,7 +47,7 @@ from swarm_contracts.jobs import JobRecord, JobSpec
 from swarm_contracts.memory import MemoryEstimate
 from swarm_contracts.metrics import JobMetrics
 from swarm_contracts.registry import AdapterVersion, ExportResult, ModelVersion
-from swarm_contracts.sweeps import SWEEP_TERMINAL_EVENTS, SweepDetail, SweepRecord, SweepSpec
+from swarm_contracts.sweeps import SweepDetail, SweepRecord, SweepSpec
 from swarm_contracts.workers import WorkerBenchmark, WorkerInfo, WorkerOps
 
 __all__ = [
@@ -187,8 +187,6 @@ class Client:
                             continue
                         resume.seen(event)
                         yield event
-                        if resume.over(event):
-                            return
                 # The server ends the stream only once it is over.
                 return
             except httpx.TransportError as exc:
@@ -240,7 +238,7 @@ class Client:
         cancelled; resumed with ``Last-Event-ID`` after a drop."""
         path = api.sweep_events_path(sweep_id)
         yield from self._follow(
-            Resume(path, last_event_id, max_reconnects, ends=SWEEP_TERMINAL_EVENTS)
+            Resume(path, last_event_id, max_reconnects)
         )
 
     def wait_sweep(

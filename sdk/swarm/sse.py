@@ -66,19 +66,16 @@ class SSEDecoder:
 class Resume:
     """Where a followed stream is, so that a reconnect neither loses nor repeats an event.
 
-    ``path``: the stream (``/v1/jobs/{id}/events`` or ``/v1/sweeps/{id}/events``); ``ends``:
-    the event names after which it is over. A job's stream is over when the gateway ends it:
-    it knows from the record whether a final event ends the job (not a replaced attempt's
-    late one; not a ``succeeded`` whose verification's ``verified`` event follows)."""
+    ``path``: the stream (``/v1/jobs/{id}/events`` or ``/v1/sweeps/{id}/events``). A stream is
+    over when the gateway ends it, never at an event the client sees: the gateway knows from the
+    record whether a final event ends the job (not a replaced attempt's late one; not a
+    ``succeeded`` whose verification's ``verified`` event follows), and it ends the stream only
+    once the record shows the end, so a client that reads the job or sweep next sees it."""
 
     path: str
     last_event_id: str | None = None
     max_reconnects: int = 20
-    ends: tuple[str, ...] = ()
     failures: int = 0
-
-    def over(self, event: JobStreamEvent) -> bool:
-        return event.event in self.ends
 
     def headers(self) -> dict[str, str]:
         headers = {"Accept": "text/event-stream"}

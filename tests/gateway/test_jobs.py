@@ -13,7 +13,15 @@ import nats
 import pytest
 
 from swarm_contracts.envelope import CloudEvent
-from swarm_contracts.events import CancelRequest, JobEvent, Progress, Queued, Succeeded
+from swarm_contracts.events import (
+    CancelRequest,
+    Cancelled,
+    Failed,
+    JobEvent,
+    Progress,
+    Queued,
+    Succeeded,
+)
 from swarm_contracts.jobs import AdapterRef, JobRecord, JobSpec, JobState, JobSubmission
 from swarm_contracts.subjects import Subjects
 from swarm_runtime.broker import make_broker, publish_job_event
@@ -120,6 +128,11 @@ async def fake_scheduler(settings: Settings) -> tuple[nats.NATS, RecordTable[Job
 
 
 Report = Callable[[JobEvent], Awaitable[None]]
+FINAL_STATES = {
+    Succeeded: JobState.succeeded,
+    Failed: JobState.failed,
+    Cancelled: JobState.cancelled,
+}
 
 
 @contextlib.asynccontextmanager
@@ -127,7 +140,9 @@ async def reporting(
     settings: Settings, gateway_url: str
 ) -> AsyncIterator[tuple[RecordTable[JobRecord], Report, httpx.AsyncClient]]:
     """A fake scheduler (``fake_scheduler``), a way to report job events as a worker does, and
-    an HTTP client of the gateway."""
+    an HTTP client of the gateway. A final event of the record's attempt then ends the record,
+    as the scheduler's next step would: the gateway ends a job's stream once the record shows
+    the end, waiting for it for up to ``SETTLE_S`` otherwise."""
     nc, jobs = await fake_scheduler(settings)
     broker = make_broker(settings, "test")
     await broker.start()
@@ -135,6 +150,16 @@ async def reporting(
 
     async def report(event: JobEvent) -> None:
         await publish_job_event(broker, subjects, "test", event)
+        state = FINAL_STATES.get(type(event))
+        if state is None:
+            return
+
+        def end(record: JobRecord) -> JobRecord:
+            if record.attempt == event.attempt:
+                record.state = state
+            return record
+
+        await jobs.modify(event.job_id, end)
 
     try:
         async with httpx.AsyncClient(base_url=gateway_url, timeout=10) as client:
