@@ -237,9 +237,7 @@ class Client:
         """The sweep's events (created, trial_started, …) until it completes, fails or is
         cancelled; resumed with ``Last-Event-ID`` after a drop."""
         path = api.sweep_events_path(sweep_id)
-        yield from self._follow(
-            Resume(path, last_event_id, max_reconnects)
-        )
+        yield from self._follow(Resume(path, last_event_id, max_reconnects))
 
     def wait_sweep(
         self, sweep_id: str, timeout: float | None = None, poll_s: float = 1.0

@@ -14,8 +14,8 @@ import pytest
 
 from swarm_contracts.envelope import CloudEvent
 from swarm_contracts.events import (
-    CancelRequest,
     Cancelled,
+    CancelRequest,
     Failed,
     JobEvent,
     Progress,
