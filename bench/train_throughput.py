@@ -1,6 +1,6 @@
 """Swarm's training step vs the Hugging Face ``Trainer`` + peft: tokens/s, MFU, memory, loss.
 
-Three sides, each run in its own subprocess (so its peak memory is its own), interleaved
+Each side runs in its own subprocess (so its peak memory is its own), interleaved
 (swarm, a, b, swarm, a, b, ...) ``--repeats`` times, since machines are noisy; a ratio is the
 median of the per-round ratios:
 
@@ -14,7 +14,12 @@ median of the per-round ratios:
   (``DataCollatorWithFlattening``: the batch as one row, positions restarting per example)
   and the fastest stock attention for the device: ``flash_attention_2`` where installed, else
   ``flex_attention`` on CUDA; ``sdpa`` on CPU (PyTorch has no CPU backward for flex
-  attention); Liger Kernel on CUDA where installed.
+  attention); Liger Kernel on CUDA where installed;
+* **swarm-qlora** (CUDA only, where bitsandbytes is installed): the swarm side with the base
+  in 4-bit NF4 (``lora.quantize: nf4``), for its peak memory.
+
+On CUDA each Swarm side also prints its memory estimate (what ``swarm jobs estimate`` and the
+scheduler use) beside the measured peak.
 
 Same random Llama, same generated prompt/completion data with log-normal lengths (the long
 tail of real instruction sets), same steps, batch, LoRA (r 16 / alpha 32, all linear layers)
@@ -41,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
 import resource
@@ -57,11 +63,12 @@ import torch
 
 LR, WARMUP, SEED = 2e-4, 5, 0
 LORA = {"r": 16, "alpha": 32, "dropout": 0.0, "target_modules": "all-linear"}
-SIDES = ("swarm", "hf-padded", "hf-flat")
+SIDES = ("swarm", "hf-padded", "hf-flat", "swarm-qlora")
 LABELS = {
     "swarm": "Swarm (packed)",
     "hf-padded": "HF + peft, padded (a)",
     "hf-flat": "HF + peft, flattened (b)",
+    "swarm-qlora": "Swarm QLoRA (NF4 base)",
 }
 # Dense bf16 tensor-core peaks from the datasheets (SXM parts), FLOP/s.
 DATASHEET_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12}
@@ -222,7 +229,29 @@ def timed(run: Run, tokens: list[int], started: tuple[float, float]) -> dict[str
     return {"tokens": counted, "seconds": wall, "cpu_seconds": cpu}
 
 
-def run_swarm(model_dir: Path, run: Run) -> dict[str, Any]:
+def memory_estimate_gb(model_dir: Path, run: Run, lora: Any) -> float:
+    """What ``swarm jobs estimate`` says this run's peak GPU memory is."""
+    from safetensors import safe_open
+
+    from swarm_contracts.jobs import JobSpec, TrainingSpec
+    from swarm_contracts.memory import ModelShape
+    from swarm_contracts.memory_estimate import estimate_memory
+
+    params = 0
+    for file in model_dir.glob("*.safetensors"):
+        with safe_open(file, framework="pt") as f:
+            params += sum(math.prod(f.get_slice(name).get_shape()) for name in f.keys())  # noqa: SIM118
+    config = json.loads((model_dir / "config.json").read_text())
+    shape = ModelShape.from_config(config, params)
+    assert shape is not None, "the benchmark's model is a Llama"
+    training = TrainingSpec(batch_size=run.batch, seq_len=run.seq_len, max_steps=1)
+    spec = JobSpec(
+        name="bench", base_model="bench", dataset="ds-" + "0" * 16, lora=lora, training=training
+    )
+    return estimate_memory(shape, spec).total_gb
+
+
+def run_swarm(model_dir: Path, run: Run, quantize: str | None = None) -> dict[str, Any]:
     from swarm_contracts.jobs import LoraSpec, TrainingSpec
     from swarm_trainer.compute import choose_compute
     from swarm_trainer.data import BatchSampler, StepBatches
@@ -232,8 +261,10 @@ def run_swarm(model_dir: Path, run: Run) -> dict[str, Any]:
     device = torch.device(run.device)
     compute = choose_compute(TrainingSpec(), device)
     torch.manual_seed(SEED)
-    model = build_model(model_dir, LoraSpec(**LORA), TrainingSpec(), compute=compute)
-    model = model.to(device).train()
+    lora = LoraSpec(**LORA, quantize=quantize)
+    model = build_model(model_dir, lora, TrainingSpec(), compute=compute, device=device)
+    # A 4-bit base is loaded onto the device, and bitsandbytes' weights are not to be moved.
+    model = (model if quantize else model.to(device)).train()
     opt = make_optimizer((p for p in model.parameters() if p.requires_grad), LR, device)
     total = run.untimed + run.steps
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(WARMUP, total, floor=0.0))
@@ -258,6 +289,7 @@ def run_swarm(model_dir: Path, run: Run) -> dict[str, Any]:
         "liger": compute.liger,
         "train_loss": statistics.fmean(losses[-5:]),
         "eval_loss": eval_loss(model, run),
+        "estimate_gb": memory_estimate_gb(model_dir, run, lora),
     }
 
 
@@ -375,6 +407,8 @@ def child(side: str, model_dir: Path, run: Run, threads: int) -> None:
         torch.cuda.reset_peak_memory_stats()
     if side == "swarm":
         result = run_swarm(model_dir, run)
+    elif side == "swarm-qlora":
+        result = run_swarm(model_dir, run, quantize="nf4")
     else:
         result = run_hf(model_dir, run, flat=side == "hf-flat")
     result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -438,7 +472,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seq-len", type=int)
     parser.add_argument("--batch", type=int)
-    parser.add_argument("--sides", nargs="+", choices=SIDES, default=list(SIDES))
+    parser.add_argument(
+        "--sides", nargs="+", choices=SIDES, help="default: all; swarm-qlora on CUDA only"
+    )
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--child", choices=SIDES)
     parser.add_argument("--model-dir", type=Path)
@@ -452,6 +488,9 @@ def main() -> None:
     if args.device == "cpu" and args.model is not None:
         parser.error("--model is for --device cuda (the CPU mode has its own small shape)")
     shape = args.model or "cpu"
+    if args.sides is None:
+        # bitsandbytes' 4-bit kernels need CUDA.
+        args.sides = [s for s in SIDES if args.device == "cuda" or s != "swarm-qlora"]
     run = Run(
         device=args.device,
         model=shape,
@@ -509,9 +548,17 @@ def report(
             f"{mem:13.1f}{last['train_loss']:11.4f}{last['eval_loss']:10.4f}  "
             f"{last['attention']}{' + liger' if last['liger'] else ''}"
         )
+    if run.cuda:
+        for side in (s for s in args.sides if s.startswith("swarm")):
+            results = [r[side] for r in rounds]
+            print(
+                f"{LABELS[side]}: memory estimate (swarm jobs estimate) "
+                f"{results[-1]['estimate_gb']:.1f} GB, measured peak "
+                f"{max(r['peak_gpu_gb'] for r in results):.1f} GB"
+            )
     if "swarm" not in args.sides:
         return
-    for peer in (s for s in args.sides if s != "swarm"):
+    for peer in (s for s in args.sides if s.startswith("hf-")):
         ratios = [
             (r["swarm"]["tokens"] / r["swarm"]["seconds"])
             / (r[peer]["tokens"] / r[peer]["seconds"])

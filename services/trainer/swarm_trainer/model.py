@@ -10,7 +10,7 @@ from peft.tuners.tuners_utils import BaseTunerLayer
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from swarm_contracts.jobs import LoraSpec, TrainingSpec
-from swarm_trainer import attention
+from swarm_trainer import attention, last_layer
 from swarm_trainer.compute import Compute, choose_compute
 from swarm_trainer.fused_lora import use_addmm_lora
 from swarm_trainer.parent_adapter import load_parent
@@ -69,6 +69,8 @@ def build_model(
     if compute.bf16:
         compute_lora_in_autocast(model)
     use_addmm_lora(model)
+    if not training.gradient_checkpointing:
+        last_layer.install(model)
     return model
 
 

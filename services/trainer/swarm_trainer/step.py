@@ -15,6 +15,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from peft import PeftModel
 
+from swarm_trainer import last_layer
 from swarm_trainer.data import Batch
 
 
@@ -120,6 +121,7 @@ def causal_lm_loss(
     token is a target: prompt tokens need no logits, and with a 128k vocabulary the logits are
     a fifth of a 1B model's FLOPs and most of its activation memory. ``select_logits`` False
     leaves that to the model (Liger's fused linear + cross-entropy never makes the logits).
+    Where ``last_layer`` is installed the last decoder layer's MLP, too, runs only there.
     """
     inputs = batch.model_inputs()
     # No KV cache in training; with one, transformers ignores packed position_ids.
@@ -128,7 +130,13 @@ def causal_lm_loss(
         loss: torch.Tensor = model(**inputs, use_cache=False, num_items_in_batch=targets).loss
         return loss
     labels = inputs.pop("labels")
-    logits = model(**inputs, use_cache=False, logits_to_keep=batch.predicting).logits
+    layer = last_layer.installed(model)
+    if layer is None:
+        logits = model(**inputs, use_cache=False, logits_to_keep=batch.predicting).logits
+    else:
+        # The last layer's output already holds only those positions, so every one is kept.
+        with last_layer.keeping(layer, batch.predicting):
+            logits = model(**inputs, use_cache=False, logits_to_keep=0).logits
     wanted = labels[0, batch.predicting + 1]
     return F.cross_entropy(logits[0].float(), wanted, reduction="sum") / targets
 
