@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import random
 import resource
@@ -55,6 +54,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -70,6 +70,7 @@ LABELS = {
     "hf-flat": "HF + peft, flattened (b)",
     "swarm-qlora": "Swarm QLoRA (NF4 base)",
 }
+QUANTIZE = {"swarm-qlora": "nf4"}  # lora.quantize of each Swarm side that has one
 # Dense bf16 tensor-core peaks from the datasheets (SXM parts), FLOP/s.
 DATASHEET_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12}
 
@@ -229,29 +230,32 @@ def timed(run: Run, tokens: list[int], started: tuple[float, float]) -> dict[str
     return {"tokens": counted, "seconds": wall, "cpu_seconds": cpu}
 
 
-def memory_estimate_gb(model_dir: Path, run: Run, lora: Any) -> float:
-    """What ``swarm jobs estimate`` says this run's peak GPU memory is."""
-    from safetensors import safe_open
-
-    from swarm_contracts.jobs import JobSpec, TrainingSpec
+def memory_estimate_gb(model_dir: Path, run: Run, side: str) -> float:
+    """What ``swarm jobs estimate`` says a Swarm side's peak GPU memory is: the model's shape
+    read as the registry reads it (config.json and the safetensors headers)."""
+    from swarm_contracts.jobs import JobSpec, LoraSpec, TrainingSpec
     from swarm_contracts.memory import ModelShape
     from swarm_contracts.memory_estimate import estimate_memory
+    from swarm_registry.inspection import safetensors_header, tensor_elements, weights_dtype
+    from swarm_runtime.store import LocalStore
 
-    params = 0
+    store, elements = LocalStore(model_dir), Counter[str]()
     for file in model_dir.glob("*.safetensors"):
-        with safe_open(file, framework="pt") as f:
-            params += sum(math.prod(f.get_slice(name).get_shape()) for name in f.keys())  # noqa: SIM118
+        elements.update(tensor_elements(file.name, safetensors_header(store, file.name)))
     config = json.loads((model_dir / "config.json").read_text())
-    shape = ModelShape.from_config(config, params)
+    shape = ModelShape.from_config(config, sum(elements.values()), weights_dtype(elements))
     assert shape is not None, "the benchmark's model is a Llama"
-    training = TrainingSpec(batch_size=run.batch, seq_len=run.seq_len, max_steps=1)
     spec = JobSpec(
-        name="bench", base_model="bench", dataset="ds-" + "0" * 16, lora=lora, training=training
+        name="bench",
+        base_model="bench",
+        dataset="ds-" + "0" * 16,
+        lora=LoraSpec(**LORA, quantize=QUANTIZE.get(side)),
+        training=TrainingSpec(batch_size=run.batch, seq_len=run.seq_len),
     )
     return estimate_memory(shape, spec).total_gb
 
 
-def run_swarm(model_dir: Path, run: Run, quantize: str | None = None) -> dict[str, Any]:
+def run_swarm(model_dir: Path, run: Run, side: str) -> dict[str, Any]:
     from swarm_contracts.jobs import LoraSpec, TrainingSpec
     from swarm_trainer.compute import choose_compute
     from swarm_trainer.data import BatchSampler, StepBatches
@@ -261,6 +265,7 @@ def run_swarm(model_dir: Path, run: Run, quantize: str | None = None) -> dict[st
     device = torch.device(run.device)
     compute = choose_compute(TrainingSpec(), device)
     torch.manual_seed(SEED)
+    quantize = QUANTIZE.get(side)
     lora = LoraSpec(**LORA, quantize=quantize)
     model = build_model(model_dir, lora, TrainingSpec(), compute=compute, device=device)
     # A 4-bit base is loaded onto the device, and bitsandbytes' weights are not to be moved.
@@ -289,7 +294,6 @@ def run_swarm(model_dir: Path, run: Run, quantize: str | None = None) -> dict[st
         "liger": compute.liger,
         "train_loss": statistics.fmean(losses[-5:]),
         "eval_loss": eval_loss(model, run),
-        "estimate_gb": memory_estimate_gb(model_dir, run, lora),
     }
 
 
@@ -405,10 +409,8 @@ def child(side: str, model_dir: Path, run: Run, threads: int) -> None:
     torch.set_num_threads(threads)
     if run.cuda:
         torch.cuda.reset_peak_memory_stats()
-    if side == "swarm":
-        result = run_swarm(model_dir, run)
-    elif side == "swarm-qlora":
-        result = run_swarm(model_dir, run, quantize="nf4")
+    if side.startswith("swarm"):
+        result = run_swarm(model_dir, run, side)
     else:
         result = run_hf(model_dir, run, flat=side == "hf-flat")
     result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -512,6 +514,13 @@ def main() -> None:
     peak = matmul_peak(run, args.threads)
     sheet = datasheet_peak(run)
     report(run, args, n_params, rounds, peak, sheet)
+    if run.cuda:
+        for side in (s for s in args.sides if s.startswith("swarm")):
+            print(
+                f"{LABELS[side]}: memory estimate (swarm jobs estimate) "
+                f"{memory_estimate_gb(model_dir, run, side):.1f} GB, measured peak "
+                f"{max(r[side]['peak_gpu_gb'] for r in rounds):.1f} GB"
+            )
 
 
 def report(
@@ -548,14 +557,6 @@ def report(
             f"{mem:13.1f}{last['train_loss']:11.4f}{last['eval_loss']:10.4f}  "
             f"{last['attention']}{' + liger' if last['liger'] else ''}"
         )
-    if run.cuda:
-        for side in (s for s in args.sides if s.startswith("swarm")):
-            results = [r[side] for r in rounds]
-            print(
-                f"{LABELS[side]}: memory estimate (swarm jobs estimate) "
-                f"{results[-1]['estimate_gb']:.1f} GB, measured peak "
-                f"{max(r['peak_gpu_gb'] for r in results):.1f} GB"
-            )
     if "swarm" not in args.sides:
         return
     for peer in (s for s in args.sides if s.startswith("hf-")):

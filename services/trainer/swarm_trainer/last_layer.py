@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import types
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -54,9 +55,18 @@ def install(model: torch.nn.Module) -> bool:
     return True
 
 
+# Asked every micro-batch, by the model the step runs (maybe wrapped, by DDP say): walking a
+# large model's thousands of modules each time would cost milliseconds of host time.
+_FOUND: weakref.WeakKeyDictionary[torch.nn.Module, torch.nn.Module | None] = (
+    weakref.WeakKeyDictionary()
+)
+
+
 def installed(model: torch.nn.Module) -> torch.nn.Module | None:
-    """The layer ``install`` changed, if any."""
-    return next((m for m in model.modules() if hasattr(m, "swarm_rows")), None)
+    """The layer ``install`` changed, if any (looked up once per model)."""
+    if model not in _FOUND:
+        _FOUND[model] = next((m for m in model.modules() if hasattr(m, "swarm_rows")), None)
+    return _FOUND[model]
 
 
 @contextlib.contextmanager
