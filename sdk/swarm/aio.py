@@ -256,6 +256,10 @@ class AsyncClient:
     async def adapter_lineage(self, name: str, version: int) -> dict[str, Any]:
         return await self._do(api.adapter_lineage(name, version))
 
+    async def resolve_adapter(self, ref: str) -> AdapterVersion:
+        """The version that ``ref`` names: ``name`` (latest), ``name@3`` or ``name@alias``."""
+        return await self._do(api.resolve_adapter(ref))
+
     async def get_alias(self, name: str, alias: str) -> dict[str, Any]:
         return await self._do(api.get_alias(name, alias))
 

@@ -19,6 +19,7 @@ from swarm_contracts.jobs import JobRecord, JobSpec
 from swarm_contracts.memory import MemoryEstimate
 from swarm_contracts.metrics import JobMetrics
 from swarm_contracts.names import check_label, check_name
+from swarm_contracts.refs import Ref
 from swarm_contracts.registry import AdapterVersion, ExportResult, ModelVersion
 from swarm_contracts.sweeps import SweepDetail, SweepRecord, SweepSpec
 from swarm_contracts.workers import WorkerBenchmark, WorkerInfo, WorkerOps
@@ -223,6 +224,19 @@ def get_adapter(name: str, version: int | None) -> Call[AdapterVersion]:
 
 def adapter_lineage(name: str, version: int) -> Call[dict[str, Any]]:
     return Call("GET", _adapter_path(name, version) + "/lineage", _json)
+
+
+def resolve_adapter(ref: str) -> Call[AdapterVersion]:
+    """The adapter version that ``ref`` names: ``name`` (the latest), ``name@3`` or
+    ``name@alias``, read by the same parser (``swarm_contracts.refs.Ref``) as the gateway's
+    chat and completions. A malformed reference is refused here, naming the field."""
+    try:
+        parsed = Ref.parse(ref)
+    except ValueError as exc:
+        raise ValidationError(str(exc), detail=[{"loc": ["adapter"], "msg": str(exc)}]) from None
+    if parsed.alias is not None:
+        return Call("GET", _alias_path(parsed.name, parsed.alias), _one(AdapterVersion))
+    return get_adapter(parsed.name, parsed.version)
 
 
 def _alias_path(adapter: str, alias: str) -> str:

@@ -21,8 +21,6 @@ from swarm.completions import as_messages
 from swarm.progress import follow, report
 from swarm.sse import JobStreamEvent
 from swarm.tiny_model import create_tiny_model
-from swarm_contracts.names import check_name
-from swarm_contracts.refs import Ref
 from swarm_contracts.workers import WorkerBenchmark, WorkerInfo, WorkerOps
 
 T = TypeVar("T", bound=BaseModel)
@@ -514,25 +512,16 @@ def adapters_ls(
         adapters_table(found)
 
 
-def parse_ref(ref: str) -> tuple[str, int | None]:
-    """``name`` or ``name@version``."""
-    try:
-        parsed = Ref.parse_versioned(ref)
-        check_name(parsed.name, "adapter name")
-    except ValueError as exc:
-        err.print(f"[red]error:[/] {exc}")
-        raise typer.Exit(2) from exc
-    return parsed.name, parsed.version
+REF_HELP = "NAME (the latest), NAME@VERSION or NAME@ALIAS"
 
 
 @adapters_app.command("show")
 def adapters_show(
-    ref: Annotated[str, typer.Argument(help="NAME or NAME@VERSION (latest if no version)")],
+    ref: Annotated[str, typer.Argument(help=REF_HELP)],
     as_json: JsonOpt = False,
 ) -> None:
     """Show an adapter version with its lineage."""
-    name, version = parse_ref(ref)
-    found = run(lambda: client().get_adapter(name, version))
+    found = run(lambda: client().resolve_adapter(ref))
     if as_json:
         dump(found)
         return
@@ -541,7 +530,7 @@ def adapters_show(
 
 @adapters_app.command("pull")
 def adapters_pull(
-    ref: Annotated[str, typer.Argument(help="NAME or NAME@VERSION (latest if no version)")],
+    ref: Annotated[str, typer.Argument(help=REF_HELP)],
     out: Annotated[Path | None, typer.Option(help="directory; default ./NAME-vVERSION")] = None,
     with_base: Annotated[
         bool,
@@ -555,10 +544,8 @@ def adapters_pull(
 ) -> None:
     """Download an adapter's PEFT files (adapter_config.json, adapter_model.safetensors)."""
     c = client()
-    name, version = parse_ref(ref)
-    if version is None:
-        version = run(lambda: c.get_adapter(name)).version
-    assert version is not None
+    found = run(lambda: c.resolve_adapter(ref))
+    name, version = found.name, found.version
     dest = out or Path(f"{name}-v{version}")
     pull = c.pull_adapter_with_base if with_base else c.download_adapter
     files = run(lambda: pull(name, version, dest))
@@ -570,7 +557,7 @@ def adapters_pull(
 
 @adapters_app.command("export")
 def adapters_export(
-    ref: Annotated[str, typer.Argument(help="NAME or NAME@VERSION (latest if no version)")],
+    ref: Annotated[str, typer.Argument(help=REF_HELP)],
     download: Annotated[
         Path | None, typer.Option(help="then fetch the merged model into this directory")
     ] = None,
@@ -578,10 +565,8 @@ def adapters_export(
 ) -> None:
     """Merge an adapter into its base model (a from_pretrained model in the store)."""
     c = client()
-    name, version = parse_ref(ref)
-    if version is None:
-        version = run(lambda: c.get_adapter(name)).version
-    assert version is not None
+    found = run(lambda: c.resolve_adapter(ref))
+    name, version = found.name, found.version
     with console.status(f"merging {name} v{version} into its base model…"):
         result = run(lambda: c.export_adapter(name, version))
     if download is not None:

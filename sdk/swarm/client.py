@@ -301,6 +301,10 @@ class Client:
     def adapter_lineage(self, name: str, version: int) -> dict[str, Any]:
         return self._do(api.adapter_lineage(name, version))
 
+    def resolve_adapter(self, ref: str) -> AdapterVersion:
+        """The version that ``ref`` names: ``name`` (latest), ``name@3`` or ``name@alias``."""
+        return self._do(api.resolve_adapter(ref))
+
     def get_alias(self, name: str, alias: str) -> dict[str, Any]:
         return self._do(api.get_alias(name, alias))
 

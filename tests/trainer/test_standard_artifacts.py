@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 from pathlib import Path
 
 import nats
+import pytest
 import torch
 from peft import AutoPeftModelForCausalLM, PeftModel
 from transformers import AutoModelForCausalLM
@@ -64,7 +66,7 @@ def test_a_saved_adapter_names_its_base_model_not_a_worker_path(
 
 
 async def test_pull_with_base_loads_with_stock_auto_peft(
-    settings: Settings, tiny_model_dir: Path, tmp_path: Path
+    settings: Settings, tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from swarm_registry.app import build_app as build_registry
 
@@ -105,8 +107,19 @@ async def test_pull_with_base_loads_with_stock_auto_peft(
             registered = Reply[AdapterVersion].model_validate_json(msg.data)
             assert registered.ok, registered.error
 
+            await asyncio.to_thread(client.set_alias, "bot", "prod", 1)
+            # Every command that takes an adapter reads NAME, NAME@VERSION and NAME@ALIAS.
+            for ref in ("bot", "bot@1", "bot@prod"):
+                show = ["--url", gw.url, "adapters", "show", ref, "--json"]
+                shown = await asyncio.to_thread(CliRunner().invoke, cli, show)
+                assert shown.exit_code == 0, shown.output
+                assert json.loads(shown.output)["version"] == 1
+            unknown = ["--url", gw.url, "adapters", "show", "bot@nope"]
+            refused = await asyncio.to_thread(CliRunner().invoke, cli, unknown)
+            assert refused.exit_code == 2 and "nope" in refused.output, refused.output
+
             out = tmp_path / "pulled"
-            args = ["--url", gw.url, "adapters", "pull", "bot", "--with-base", "--out", str(out)]
+            args = ["--url", gw.url, "adapters", "pull", "bot@prod", "--with-base", "--out", str(out)]
             result = await asyncio.to_thread(CliRunner().invoke, cli, args)
             assert result.exit_code == 0, result.output
             # The async SDK pulls the same directory.
@@ -114,10 +127,11 @@ async def test_pull_with_base_loads_with_stock_auto_peft(
             async with AsyncClient(gw.url) as aclient:
                 await aclient.pull_adapter_with_base("bot", 1, async_out)
 
+    # The base is named relative to the adapter's directory: the directory can move.
     config = json.loads((out / "adapter_config.json").read_text())
-    assert config["base_model_name_or_path"] == str((out / "base").resolve())
+    assert config["base_model_name_or_path"] == "./base"
     async_config = json.loads((async_out / "adapter_config.json").read_text())
-    assert async_config["base_model_name_or_path"] == str((async_out / "base").resolve())
+    assert async_config["base_model_name_or_path"] == "./base"
     for f in sorted(p.relative_to(out) for p in out.rglob("*") if p.is_file()):
         if f.name != "adapter_config.json":
             assert (async_out / f).read_bytes() == (out / f).read_bytes(), f
@@ -125,12 +139,24 @@ async def test_pull_with_base_loads_with_stock_auto_peft(
     registered_config = json.loads((adapter_dir / "adapter_config.json").read_text())
     assert registered_config["base_model_name_or_path"] == HUB_ID
 
+    moved = tmp_path / "elsewhere" / "copy"
+    moved.parent.mkdir()
+    shutil.move(out, moved)
     ids = torch.tensor([[1, 300, 301, 302, 303, 304]])
-    auto = AutoPeftModelForCausalLM.from_pretrained(out).eval()
+    # From inside the moved directory, as the README says ...
+    monkeypatch.chdir(moved)
+    auto = AutoPeftModelForCausalLM.from_pretrained(".").eval()
+    monkeypatch.chdir(tmp_path)
+    # ... and from anywhere, naming its base directory.
+    anywhere = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(moved / "base", use_safetensors=True), moved
+    ).eval()
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, use_safetensors=True)
     with torch.no_grad():
         plain = base(ids).logits.clone()
         expected = PeftModel.from_pretrained(base, adapter_dir).eval()(ids).logits
         got = auto(ids).logits
+        got_anywhere = anywhere(ids).logits
     assert not torch.allclose(plain, expected, atol=1e-3)
     assert torch.allclose(got, expected, atol=1e-5)
+    assert torch.allclose(got_anywhere, expected, atol=1e-5)
