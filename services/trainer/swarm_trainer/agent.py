@@ -209,7 +209,9 @@ class TrainerAgent:
         if address:
             ray.init(address=address)
         else:
-            ray.init(num_cpus=self.resources.cpus, include_dashboard=False)
+            # "local": a Ray of its own, never one found on the host (another stack's agent,
+            # someone's `ray start`), which ray.init() without an address would attach to.
+            ray.init(address="local", num_cpus=self.resources.cpus, include_dashboard=False)
 
     async def start(self) -> None:
         if self.settings.benchmark_s > 0:
