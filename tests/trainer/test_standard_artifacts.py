@@ -119,7 +119,8 @@ async def test_pull_with_base_loads_with_stock_auto_peft(
             assert refused.exit_code == 2 and "nope" in refused.output, refused.output
 
             out = tmp_path / "pulled"
-            args = ["--url", gw.url, "adapters", "pull", "bot@prod", "--with-base", "--out", str(out)]
+            pull = ["adapters", "pull", "bot@prod", "--with-base", "--out", str(out)]
+            args = ["--url", gw.url, *pull]
             result = await asyncio.to_thread(CliRunner().invoke, cli, args)
             assert result.exit_code == 0, result.output
             # The async SDK pulls the same directory.
