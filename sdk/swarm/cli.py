@@ -117,13 +117,38 @@ def listing(
         table(title, columns, [row(item) for item in found])
 
 
+# Columns whose values are meant to be copied whole (ids, names, keys).
+ID_COLUMNS = frozenset({"id", "name", "job", "worker", "public key"})
+# The narrowest a wrapped column may get before a table reads better as one block per row.
+WRAPPED_MIN = 8
+
+
 def table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    """A table that never cuts an id, however narrow the terminal: an id column is as wide
+    as its longest value and never wraps, the other columns wrap to make room; where even
+    that does not fit, each row is printed as a block of ``column: value`` lines."""
+    cells = [["" if v is None else str(v) for v in r] for r in rows]
+    is_id = [i == 0 or c in ID_COLUMNS for i, c in enumerate(columns)]
+    widths = [max([len(c), *(len(r[i]) for r in cells)]) for i, c in enumerate(columns)]
+    needed = sum(
+        w if ident else min(w, WRAPPED_MIN) for w, ident in zip(widths, is_id, strict=True)
+    )
+    if needed + 3 * len(columns) + 1 > console.width:
+        console.print(f"[bold]{title}[/]")
+        for r in cells:
+            console.print(r[0], markup=False)
+            for c, v in zip(columns[1:], r[1:], strict=True):
+                if v:
+                    console.print(f"  {c}: {v}", markup=False, soft_wrap=False)
+        return
     t = Table(title=title)
-    for i, c in enumerate(columns):
-        # Ids are meant to be copied: never wrap the first column.
-        t.add_column(c, no_wrap=i == 0)
-    for r in rows:
-        t.add_row(*("" if v is None else str(v) for v in r))
+    for c, ident, w in zip(columns, is_id, widths, strict=True):
+        if ident:
+            t.add_column(c, no_wrap=True, min_width=w)
+        else:
+            t.add_column(c, overflow="fold", min_width=min(w, WRAPPED_MIN))
+    for r in cells:
+        t.add_row(*r)
     console.print(t)
 
 
