@@ -134,7 +134,8 @@ def table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> 
         w if ident else min(w, WRAPPED_MIN) for w, ident in zip(widths, is_id, strict=True)
     )
     if needed + 3 * len(columns) + 1 > console.width:
-        console.print(f"[bold]{title}[/]")
+        if title:
+            console.print(f"[bold]{title}[/]")
         for r in cells:
             console.print(r[0], markup=False)
             for c, v in zip(columns[1:], r[1:], strict=True):
@@ -278,26 +279,31 @@ def jobs_estimate(
     file: Annotated[Path, typer.Argument(help="job spec (YAML)", exists=True, dir_okay=False)],
     as_json: JsonOpt = False,
 ) -> None:
-    """Estimate the GPU memory a job would need per GPU, by term (nothing is submitted).
+    """Estimate the memory a job would need, by term (nothing is submitted): per GPU for a
+    GPU job, per worker (host memory, fp32) for a CPU-only one.
 
     A GPU job is placed only on GPUs with at least this much memory."""
     estimate = run(lambda: client().estimate(load_spec(file)))
     if as_json:
         dump(estimate)
         return
-    table(
-        f"GPU memory of {file.name} on {estimate.base_model} ({estimate.tokens:,} tokens a "
-        "micro-batch)",
-        ["term", "memory"],
-        [
-            ("weights", gib(estimate.weights_bytes)),
-            (f"LoRA + AdamW ({estimate.lora_parameters:,} params)", gib(estimate.lora_bytes)),
-            ("activations", gib(estimate.activations_bytes)),
-            ("logits", gib(estimate.logits_bytes)),
-            ("CUDA runtime", gib(estimate.runtime_bytes)),
-            ("total per GPU", gib(estimate.total_bytes)),
-        ],
+    on_gpu = estimate.device == "gpu"
+    what = "GPU memory per GPU" if on_gpu else "host memory per CPU worker (fp32)"
+    rows = [
+        ("weights", gib(estimate.weights_bytes)),
+        (f"LoRA + AdamW ({estimate.lora_parameters:,} params)", gib(estimate.lora_bytes)),
+        ("activations", gib(estimate.activations_bytes)),
+        ("logits", gib(estimate.logits_bytes)),
+    ]
+    if on_gpu:
+        rows.append(("CUDA runtime", gib(estimate.runtime_bytes)))
+    rows.append(("total per GPU" if on_gpu else "total per worker", gib(estimate.total_bytes)))
+    # Above the table, not its title: a title wraps at the table's (narrow) width.
+    console.print(
+        f"{what} of {file.name} on {estimate.base_model} "
+        f"({estimate.tokens:,} tokens a micro-batch)"
     )
+    table("", ["term", "memory"], rows)
 
 
 @jobs_app.command("show")

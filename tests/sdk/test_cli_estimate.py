@@ -68,6 +68,7 @@ async def test_jobs_estimate_prints_each_term(
         "dataset": "ds-" + "0" * 16,
         "lora": {"r": 16, "target_modules": "all-linear"},
         "training": {"batch_size": 2, "seq_len": 1024},
+        "resources": {"gpus_per_worker": 1},
     }
     job = tmp_path / "job.yaml"
     job.write_text(yaml.safe_dump(spec))
@@ -89,6 +90,21 @@ async def test_jobs_estimate_prints_each_term(
         body = json.loads(out)
         assert body["tokens"] == 2048
         assert body["weights_bytes"] == 2 * SHAPE.parameter_count
+
+        # A CPU-only job: host memory of a worker, in fp32, with no CUDA runtime.
+        job.write_text(yaml.safe_dump({**spec, "resources": {"gpus_per_worker": 0}}))
+        code, out = await asyncio.to_thread(cli, gateway.url, "jobs", "estimate", str(job))
+        assert code == 0, out
+        assert "host memory per CPU worker" in out, out
+        assert "total per worker" in out, out
+        assert "GPU" not in out, out
+        assert "CUDA" not in out, out
+        code, out = await asyncio.to_thread(
+            cli, gateway.url, "jobs", "estimate", str(job), "--json"
+        )
+        cpu = json.loads(out)
+        assert (cpu["device"], cpu["runtime_bytes"]) == ("cpu", 0)
+        assert cpu["activations_bytes"] > body["activations_bytes"]  # fp32, not bf16
 
         job.write_text(yaml.safe_dump({**spec, "base_model": "nope"}))
         code, out = await asyncio.to_thread(cli, gateway.url, "jobs", "estimate", str(job))

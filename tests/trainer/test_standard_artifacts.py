@@ -116,7 +116,8 @@ async def test_pull_with_base_loads_with_stock_auto_peft(
                 assert json.loads(shown.output)["version"] == 1
             unknown = ["--url", gw.url, "adapters", "show", "bot@nope"]
             refused = await asyncio.to_thread(CliRunner().invoke, cli, unknown)
-            assert refused.exit_code == 2 and "nope" in refused.output, refused.output
+            assert refused.exit_code == 2, refused.output
+            assert "nope" in refused.output, refused.output
 
             out = tmp_path / "pulled"
             pull = ["adapters", "pull", "bot@prod", "--with-base", "--out", str(out)]

@@ -123,16 +123,22 @@ class ModelShape(BaseModel):
 
 
 class MemoryEstimate(BaseModel):
-    """A job's estimated peak GPU memory, per GPU, by term (bytes)."""
+    """A job's estimated peak memory, by term (bytes): per GPU for a GPU job, per worker
+    (host memory) for a CPU-only one."""
 
     base_model: str = Field(description="name@version the estimate is for")
+    device: Literal["gpu", "cpu"] = Field(
+        default="gpu",
+        description="where the job runs: gpu (memory per GPU) or cpu (host memory per worker, "
+        "fp32, no CUDA runtime)",
+    )
     tokens: int = Field(description="tokens per micro-batch: batch_size * seq_len")
     weights_bytes: int
     lora_bytes: int = Field(description="adapter parameters, gradients and AdamW state (fp32)")
     lora_parameters: int
     activations_bytes: int
     logits_bytes: int
-    runtime_bytes: int = Field(description="CUDA context, workspaces, allocator slack")
+    runtime_bytes: int = Field(description="CUDA context, workspaces, allocator slack (0 on CPU)")
     total_bytes: int
 
     @property

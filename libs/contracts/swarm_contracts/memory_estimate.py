@@ -1,5 +1,6 @@
-"""``estimate_memory``: a job's peak GPU memory per GPU, a pure function of the base model's
-shape and the job spec (the terms and why they are what they are: ``swarm_contracts.memory``).
+"""``estimate_memory``: a job's peak memory per GPU (or per CPU worker), a pure function of
+the base model's shape and the job spec (the terms and why they are what they are:
+``swarm_contracts.memory``).
 """
 
 from __future__ import annotations
@@ -22,11 +23,14 @@ def adapted_modules(spec: JobSpec) -> list[str]:
 
 
 def estimate_memory(shape: ModelShape, spec: JobSpec, base_model: str = "") -> MemoryEstimate:
-    """The peak GPU memory of one of ``spec``'s workers training on a model of ``shape``."""
+    """The peak memory of one of ``spec``'s workers training on a model of ``shape``: per
+    GPU, or, for a CPU-only job, the host memory of a worker."""
     t, lora = spec.training, spec.lora
     tokens = t.batch_size * t.seq_len
-    # ``auto`` trains in bf16 on a GPU (every GPU the trainer targets supports it).
-    act = 4 if t.precision == "fp32" else 2
+    on_gpu = spec.resources.gpus_per_worker > 0
+    # ``auto`` trains in bf16 on a GPU (every GPU the trainer targets supports it), in fp32
+    # on a CPU (swarm_trainer.compute).
+    act = 4 if t.precision == "fp32" or (t.precision == "auto" and not on_gpu) else 2
     modules = [shape.projection(m) for m in adapted_modules(spec)]
     h, layers = shape.hidden_size, shape.num_layers
 
@@ -68,15 +72,17 @@ def estimate_memory(shape: ModelShape, spec: JobSpec, base_model: str = "") -> M
         activations = tokens * (per_token + layers * per_layer)
 
     logits = tokens * shape.vocab_size * (act + 4 + 4)
-    total = weights + lora_bytes + activations + logits + RUNTIME_BYTES
+    runtime = RUNTIME_BYTES if on_gpu else 0
+    total = weights + lora_bytes + activations + logits + runtime
     return MemoryEstimate(
         base_model=base_model,
+        device="gpu" if on_gpu else "cpu",
         tokens=tokens,
         weights_bytes=int(weights),
         lora_bytes=lora_bytes,
         lora_parameters=lora_params,
         activations_bytes=int(activations),
         logits_bytes=int(logits),
-        runtime_bytes=RUNTIME_BYTES,
+        runtime_bytes=runtime,
         total_bytes=int(total),
     )
