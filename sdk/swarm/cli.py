@@ -300,8 +300,7 @@ def jobs_estimate(
     rows.append(("total per GPU" if on_gpu else "total per worker", gib(estimate.total_bytes)))
     # Above the table, not its title: a title wraps at the table's (narrow) width.
     console.print(
-        f"{what} of {file.name} on {estimate.base_model} "
-        f"({estimate.tokens:,} tokens a micro-batch)"
+        f"{what} of {file.name} on {estimate.base_model} ({estimate.tokens:,} tokens a micro-batch)"
     )
     table("", ["term", "memory"], rows)
 
