@@ -22,7 +22,10 @@ from ..conftest import NatsServer, free_port
 pytestmark = pytest.mark.slow
 
 
-def test_swarm_up_serves_and_ctrl_c_stops_every_process(tmp_path: Path) -> None:
+TOUR = Path(__file__).parents[2] / "examples" / "tour.sh"
+
+
+def test_swarm_up_serves_the_readme_tour_and_ctrl_c_stops_every_process(tmp_path: Path) -> None:
     gateway_port = free_port()
     env = os.environ | {
         "SWARM_NATS_URL": f"nats://127.0.0.1:{free_port()}",
@@ -59,6 +62,18 @@ def test_swarm_up_serves_and_ctrl_c_stops_every_process(tmp_path: Path) -> None:
         while not httpx.get(f"http://127.0.0.1:{gateway_port}/v1/workers").json()["data"]:
             assert time.monotonic() < deadline, "no worker appeared"
             time.sleep(0.5)
+
+        # The README's tour, as written (examples/tour.sh), against this stack.
+        tour_env = env | {
+            "SWARM_GATEWAY_URL": f"http://127.0.0.1:{gateway_port}",
+            "PATH": f"{Path(sys.executable).parent}:{env['PATH']}",
+            "COLUMNS": "120",
+        }
+        tour = subprocess.run(
+            ["bash", str(TOUR)], env=tour_env, capture_output=True, text=True, timeout=600
+        )
+        assert tour.returncode == 0, tour.stdout[-4000:] + tour.stderr[-4000:]
+        assert "== chat with the adapter" in tour.stdout
 
         proc.send_signal(signal.SIGINT)
         assert proc.wait(60) == 0
