@@ -12,7 +12,6 @@ from nats.js.kv import KeyValue
 
 from swarm_contracts.jobs import JobRecord
 from swarm_contracts.layout import adapter_prefix
-from swarm_contracts.providers import token_matches
 from swarm_contracts.refs import Ref
 from swarm_contracts.registry import (
     AdapterVersion,
@@ -21,6 +20,7 @@ from swarm_contracts.registry import (
     RegisterAdapter,
 )
 from swarm_registry.aliases import AliasBook, Promoted
+from swarm_registry.attempt_holder import check_registration
 from swarm_registry.errors import RegistryError
 from swarm_registry.inspection import check_source, copy_tree
 from swarm_registry.versions import (
@@ -68,26 +68,14 @@ class AdapterCatalog:
         self.jobs = jobs
         self.aliases = AliasBook(kv, self.versions, promoted)
 
-    async def _fence(self, job_id: str, attempt: int, token: str | None) -> None:
-        """Refuse a worker whose attempt is no longer the job's current one.
+    async def _fence(self, request: RegisterAdapter, sender_worker_id: str | None) -> None:
+        """Refuse a request that does not come from the job's current attempt, or that would
+        make anything but that attempt's own adapter (``attempt_holder.check_registration``).
 
         A worker that lost its lease (its job was requeued and placed elsewhere) may still
-        finish and ask to register: only the current attempt may make a version. A job with
-        no record is allowed (registrations made outside the scheduler, e.g. imports and
-        tests); the record, when there is one, is the authority.
-        """
-        found = await self.jobs.get(job_id)
-        if found is not None and found[0].attempt != attempt:
-            raise RegistryError(
-                f"stale attempt: job {job_id!r} is at attempt {found[0].attempt}, "
-                f"not {attempt}; this worker's result is not registered",
-                "conflict",
-            )
-        if found is not None and not token_matches(found[0].attempt_token_sha256, token):
-            raise RegistryError(
-                f"job {job_id!r} attempt {attempt} is not this worker's: no adapter registered",
-                "forbidden",
-            )
+        finish and ask to register: only the current attempt may make a version."""
+        found = await self.jobs.get(request.lineage.job_id)
+        check_registration(request, found[0] if found else None, sender_worker_id)
 
     async def _claim(self, job_id: str, name: str) -> tuple[str, int]:
         """The (scoped name, version) this job's adapter is, reserving a new version the first time.
@@ -122,13 +110,17 @@ class AdapterCatalog:
                 continue
         raise RegistryError(f"job {job_id!r}: could not claim an adapter version", "conflict")
 
-    async def register(self, request: RegisterAdapter) -> AdapterVersion:
+    async def register(
+        self, request: RegisterAdapter, sender_worker_id: str | None = None
+    ) -> AdapterVersion:
+        """Register the adapter a job's attempt produced; ``sender_worker_id``: the worker that
+        asked, where the request's subject says so (None: a service's request)."""
         check_name(request.name, "adapter name")
         tenant = check_name(request.lineage.tenant, "tenant")
         job_index_key(request.lineage.job_id)
         if request.lineage.parent is not None:
             check_ref(request.lineage.parent)
-        await self._fence(request.lineage.job_id, request.lineage.attempt, request.attempt_token)
+        await self._fence(request, sender_worker_id)
         # Refuse bad input before reserving a version, so a rejected request claims nothing.
         source = await asyncio.to_thread(check_source, self.store, request.store_key)
         key_name, version = await self._claim(request.lineage.job_id, scoped(tenant, request.name))
