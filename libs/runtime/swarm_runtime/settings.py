@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -29,6 +29,20 @@ class Settings(BaseSettings):
     # used instead of the credentials above, and its provider name, which is the agent's
     # worker id. Set by ``swarm-trainer join --creds FILE``.
     provider_creds_file: Path | None = None
+
+    @field_validator(
+        "nats_nkey_seed_file",
+        "nats_creds_file",
+        "nats_tls_ca",
+        "nats_tls_cert",
+        "nats_tls_key",
+        "provider_creds_file",
+    )
+    @classmethod
+    def _absolute(cls, path: Path | None) -> Path | None:
+        # These travel to the trainer's Ray processes, which run in another working directory:
+        # a relative path there names another file, or none.
+        return absolute(path) if path is not None else None
 
     # Prefixes every subject, stream and bucket so that several Swarms (or tests) can share
     # one NATS server. Empty in production: the public subjects are then exactly the contract.
@@ -173,3 +187,8 @@ class Settings(BaseSettings):
     # 3-node cluster (deploy/nats/nats-cluster.conf, docs/reliability.md). Applied when a
     # service creates or updates them at start-up.
     js_replicas: int = Field(default=1, ge=1, le=5)
+
+
+def absolute(path: Path) -> Path:
+    """``path`` made absolute against this process's working directory (``~`` expanded)."""
+    return path.expanduser().absolute()
