@@ -124,6 +124,9 @@ class Settings(BaseSettings):
     # The self-benchmark at start and on request: about this many seconds of measuring (a
     # matmul, then LoRA training steps of a tiny Llama); 0 skips it (tests).
     benchmark_s: float = Field(default=1.0, ge=0, le=60)
+    # An idle agent measures again this often (0: never), and as soon as it is idle when its
+    # last measurement ran beside jobs; heartbeats carry the best of its last few idle runs.
+    benchmark_every_s: float = Field(default=3600.0, ge=0)
     # The dense TFLOP/s this provider promises for its worker (default: what its GPU model's
     # datasheet says); a benchmark far below it flags the worker "slow".
     advertised_tflops: float | None = Field(default=None, gt=0)
