@@ -56,8 +56,8 @@ class StoreSigner:
             validate_key(request.key, prefix=request.op == "list")
         except InvalidKey as exc:
             raise RegistryError(str(exc), "invalid") from exc
-        found = await self.jobs.get(request.job_id)
-        record = check_store_access(request, found[0] if found else None, sender_worker_id)
+        entry = await self.jobs.get(request.job_id)
+        record = check_store_access(request, entry[0] if entry else None, sender_worker_id)
         datasets = await self._dataset_keys(record)
         if not job_scope(record, datasets).allows(request.op, request.key):
             raise RegistryError(
