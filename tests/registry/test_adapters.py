@@ -33,8 +33,10 @@ def lineage(job_id: str, tenant: str = "acme", attempt: int = 1, **extra: Any) -
     return Lineage(tenant=tenant, job_id=job_id, attempt=attempt, **fields).model_dump(mode="json")
 
 
-def upload_output(store: ObjectStore, job_id: str, model_files: Any, seed: int = 1) -> str:
-    prefix = f"outputs/{job_id}/1/adapter"
+def upload_output(
+    store: ObjectStore, job_id: str, model_files: Any, seed: int = 1, attempt: int = 1
+) -> str:
+    prefix = f"outputs/{job_id}/{attempt}/adapter"
     store.put_bytes(f"{prefix}/adapter_config.json", json.dumps({"r": 8, "seed": seed}).encode())
     store.put_bytes(
         f"{prefix}/adapter_model.safetensors", model_files.safetensors({"lora_A": [seed, 4]})
@@ -68,8 +70,8 @@ async def test_versions_per_job_copies_and_announcement(
         assert store.sha256(f"adapters/acme/bot/1/{name}") == digest
         assert store.sha256(f"outputs/job-1/1/adapter/{name}") == digest
 
-    # A retry of the same job (even from another output prefix) is the same version.
-    retry_key = upload_output(store, "job-1-retry", model_files, seed=3)
+    # A retry of the same job (even with other files in its output) is the same version.
+    retry_key = upload_output(store, "job-1", model_files, seed=3)
     retry = await register(client, "bot", retry_key, "job-1")
     assert retry["result"] == v1
 
@@ -119,10 +121,13 @@ async def test_racing_registrations_get_distinct_versions(
 async def test_get_and_list_filter_by_tenant(
     client: Any, store: ObjectStore, model_files: Any
 ) -> None:
-    key = upload_output(store, "job-t", model_files)
-    await register(client, "shared", key, "job-a1", tenant="alpha")
-    await register(client, "shared", key, "job-b1", tenant="beta")
-    await register(client, "solo", key, "job-a2", tenant="alpha")
+    for name, job, tenant in (
+        ("shared", "job-a1", "alpha"),
+        ("shared", "job-b1", "beta"),
+        ("solo", "job-a2", "alpha"),
+    ):
+        key = upload_output(store, job, model_files)
+        assert (await register(client, name, key, job, tenant=tenant))["ok"]
 
     got = await client.call("adapters.get", {"name": "shared", "version": 1, "tenant": "alpha"})
     assert got["result"]["tenant"] == "alpha"
@@ -155,14 +160,14 @@ async def test_get_and_list_filter_by_tenant(
 
 
 async def test_rejects_bad_adapter_input(client: Any, store: ObjectStore) -> None:
-    store.put_bytes("outputs/p/adapter_model.bin", b"\x80\x04")
-    reply = await register(client, "bot", "outputs/p", "job-p")
+    store.put_bytes("outputs/job-p/1/adapter_model.bin", b"\x80\x04")
+    reply = await register(client, "bot", "outputs/job-p/1", "job-p")
     assert not reply["ok"]
     assert "adapter_model.bin" in reply["error"]
-    reply = await register(client, "bot", "outputs/empty", "job-e")
+    reply = await register(client, "bot", "outputs/job-e/1/adapter", "job-e")
     assert not reply["ok"]
     assert "no files" in reply["error"]
-    reply = await register(client, "Bot!", "outputs/p", "job-x")
+    reply = await register(client, "Bot!", "outputs/job-p/1", "job-x")
     assert not reply["ok"]
     assert "invalid adapter name" in reply["error"]
     reply = await register(client, "bot", "outputs/p", "job.1")

@@ -7,7 +7,6 @@ import base64
 import hashlib
 import json
 import os
-import shutil
 import subprocess
 import time
 from collections.abc import Iterator
@@ -20,7 +19,7 @@ import pytest
 from swarm_runtime.broker import make_broker
 from swarm_runtime.settings import Settings
 
-from ..conftest import free_port, wait_for_port
+from ..conftest import free_port, nats_server_binary, wait_for_port
 
 
 def _keypair(prefix: int) -> nkeys.KeyPair:
@@ -52,7 +51,7 @@ def _jwt(issuer: nkeys.KeyPair, subject: str, nats: dict) -> str:
 
 def _server(conf: Path) -> Iterator[str]:
     port = free_port()
-    binary = shutil.which("nats-server") or "/usr/sbin/nats-server"
+    binary = nats_server_binary()
     log = conf.with_suffix(".log")
     proc = subprocess.Popen(
         [binary, "-c", str(conf), "-a", "127.0.0.1", "-p", str(port), "-l", str(log)],

@@ -231,3 +231,25 @@ def test_a_replay_goes_neither_to_the_worker_it_checks_nor_to_its_provider() -> 
     alone = plan([replay], [same, sibling], [])
     assert alone.placements == []
     assert "none is alive but w1 or of provider acme" in alone.waiting["job-r"]
+
+
+def test_a_job_waiting_only_for_held_back_workers_says_so() -> None:
+    """Issue 21: a replay whose only other worker was cordoned read "none is alive"."""
+    replay = job("job-r")
+    replay.verify = VerifyTarget(job_id="job-t", attempt=1, worker_id="w1", from_step=4, to_step=6)
+    cordoned = worker("w2", cpus=8).model_copy(update={"cordoned": True})
+    suspect = worker("w3", cpus=8).model_copy(update={"cordoned": True, "suspect": True})
+    leaving = worker("w4", cpus=8).model_copy(update={"state": "leaving"})
+    alone = plan([replay], [worker("w1", cpus=8)], [], held_back=lambda: [cordoned])
+    reason = alone.waiting["job-r"]
+    assert "none is alive" not in reason
+    assert reason == (
+        "waiting for a worker to replay on: none takes new jobs but w1, whose work it checks "
+        "(w2 cordoned)"
+    )
+    nobody = plan([job("job-a")], [], [], held_back=lambda: [leaving, suspect, cordoned])
+    assert nobody.waiting["job-a"] == (
+        "waiting for a worker: none takes new jobs (w2 cordoned, w3 suspect, w4 leaving)"
+    )
+    # Without any, the reason is as before.
+    assert plan([job("job-a")], [], []).waiting["job-a"] == "waiting for a worker: none is alive"

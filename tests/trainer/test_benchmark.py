@@ -25,7 +25,7 @@ from swarm_runtime.rpc import Refused
 from swarm_runtime.settings import Settings
 from swarm_trainer.agent import TrainerAgent
 from swarm_trainer.app import build_app
-from swarm_trainer.benchmark import _in_child, measure
+from swarm_trainer.benchmark import Benchmarks, _in_child, measure
 
 from ..conftest import ServerThread
 
@@ -143,3 +143,67 @@ async def test_an_agent_joins_measured_and_measures_again_on_request(
     finally:
         await trainer.stop()
         await nc.close()
+
+
+def bench(tflops: float, busy: bool = False) -> WorkerBenchmark:
+    return WorkerBenchmark(
+        matmul_tflops=tflops,
+        train_tokens_per_s=tflops * 1000,
+        device="cpu",
+        dtype="float32",
+        busy=busy,
+        duration_s=1.0,
+    )
+
+
+def tflops(agent: TrainerAgent) -> float:
+    assert agent.benchmark is not None
+    return agent.benchmark.matmul_tflops
+
+
+async def test_a_benchmark_taken_under_load_does_not_stand_for_ever(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 21: the first run, slowed by other load on the machine, stayed the worker's speed.
+    An idle worker measures again (every SWARM_BENCHMARK_EVERY_S, at once when its run was
+    busy), and reports the best of its recent idle runs."""
+    import swarm_trainer.agent as agent_module
+
+    runs = iter([bench(0.2), bench(1.0), bench(0.3), bench(0.1, busy=True), bench(0.9)])
+
+    async def fake_run(budget_s: float, *, busy: bool = False) -> WorkerBenchmark:
+        return next(runs)
+
+    monkeypatch.setattr(agent_module, "run_benchmark", fake_run)
+    agent = TrainerAgent(
+        settings.model_copy(update={"benchmark_s": 1.0, "benchmark_every_s": 0.05}), NatsBroker()
+    )
+    await agent.measure()  # at start, under load
+    assert tflops(agent) == 0.2
+    assert not await agent.remeasure_if_due()  # not yet due
+    await asyncio.sleep(0.06)
+    assert await agent.remeasure_if_due()
+    assert tflops(agent) == 1.0
+    await asyncio.sleep(0.06)
+    assert await agent.remeasure_if_due()
+    # A slower run later does not replace the best recent one...
+    assert tflops(agent) == 1.0
+    # ...nor does a run beside jobs.
+    agent.benchmarks.add(bench(0.1, busy=True))
+    reported = agent.benchmarks.reported
+    assert reported is not None
+    assert reported.matmul_tflops == 1.0
+    assert not agent.benchmarks.due(3600)
+    # A worker that has only measured beside jobs measures again as soon as it is idle.
+    beside_jobs = Benchmarks()
+    beside_jobs.add(bench(0.1, busy=True))
+    assert beside_jobs.due(3600)
+    beside_jobs.add(bench(0.8))
+    assert not beside_jobs.due(3600)
+    # An operator's request starts afresh: what they asked for is what is carried.
+    next(runs)
+    asked = await agent.benchmark_requested(BenchmarkRequest(worker_id=agent.worker_id))
+    assert asked.matmul_tflops == 0.9
+    assert tflops(agent) == 0.9
+    # Off: never again by itself.
+    assert not agent.benchmarks.due(0)

@@ -80,6 +80,15 @@ class Lineage(BaseModel):
         return f"trained on {self.base_model}@{self.base_model_version}"
 
 
+class Quarantine(BaseModel):
+    """Why a version may not be served, aliased, continued from or be ``latest``: the
+    verification of the job that made it failed (docs/providers.md, *Quarantined adapters*)."""
+
+    reason: str
+    job_id: str = Field(description="the job whose verification failed")
+    since: datetime = Field(default_factory=utcnow)
+
+
 class AdapterVersion(BaseModel):
     name: str
     version: int
@@ -88,6 +97,11 @@ class AdapterVersion(BaseModel):
     files: dict[str, str] = Field(description="file name -> sha256")
     lineage: Lineage
     created_at: datetime = Field(default_factory=utcnow)
+    quarantine: Quarantine | None = Field(
+        default=None,
+        description="set while the version is quarantined (its job's verification failed); "
+        "an admin clears it (`swarm adapters unquarantine`)",
+    )
 
 
 def continued_spec(spec: JobSpec, parent: AdapterVersion) -> JobSpec:
@@ -154,6 +168,20 @@ class GetAdapter(BaseModel):
     version: int | None = None
     alias: str | None = None
     tenant: str | None = None
+    include_quarantined: bool = Field(
+        default=False,
+        description="answer with a quarantined version too (to show it); without it one is "
+        "refused (conflict), and the latest is the newest that is not quarantined",
+    )
+
+
+class QuarantineJob(BaseModel):
+    """``swarm.registry.adapters.quarantine`` (the scheduler, when a job's verification
+    failed): quarantine the version the job made; answered with it, or ``not_found`` when the
+    job made none."""
+
+    job_id: str
+    reason: str
 
 
 class AdapterKey(BaseModel):

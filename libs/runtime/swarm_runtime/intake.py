@@ -70,6 +70,10 @@ class RetryLater(Exception):
         super().__init__(f"retry in {delay}s")
         self.delay = delay
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Like every exception here, it must pickle (it may cross a process boundary).
+        return type(self), (self.delay,), self.__dict__
+
 
 # FastStream's buckets for message sizes (2^4 .. 2^24 bytes).
 SIZE_BUCKETS = (*(2.0**n for n in range(4, 25, 2)), float("inf"))

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import nats.errors
 from nats.aio.client import Client
@@ -42,6 +42,11 @@ class Unavailable(ConnectionError):
         super().__init__(f"the {service} service is unavailable: {reason}")
         self.service = service
         self.reason = reason
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Rebuilt from its constructor's arguments: an error raised in a Ray worker (another
+        # process) reaches the driver pickled, and must arrive as itself, not as a TypeError.
+        return type(self), (self.service, self.reason), self.__dict__
 
 
 class ServiceClient:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -29,6 +29,20 @@ class Settings(BaseSettings):
     # used instead of the credentials above, and its provider name, which is the agent's
     # worker id. Set by ``swarm-trainer join --creds FILE``.
     provider_creds_file: Path | None = None
+
+    @field_validator(
+        "nats_nkey_seed_file",
+        "nats_creds_file",
+        "nats_tls_ca",
+        "nats_tls_cert",
+        "nats_tls_key",
+        "provider_creds_file",
+    )
+    @classmethod
+    def _absolute(cls, path: Path | None) -> Path | None:
+        # These travel to the trainer's Ray processes, which run in another working directory:
+        # a relative path there names another file, or none.
+        return absolute(path) if path is not None else None
 
     # Prefixes every subject, stream and bucket so that several Swarms (or tests) can share
     # one NATS server. Empty in production: the public subjects are then exactly the contract.
@@ -110,6 +124,9 @@ class Settings(BaseSettings):
     # The self-benchmark at start and on request: about this many seconds of measuring (a
     # matmul, then LoRA training steps of a tiny Llama); 0 skips it (tests).
     benchmark_s: float = Field(default=1.0, ge=0, le=60)
+    # An idle agent measures again this often (0: never), and as soon as it is idle when its
+    # last measurement ran beside jobs; heartbeats carry the best of its last few idle runs.
+    benchmark_every_s: float = Field(default=3600.0, ge=0)
     # The dense TFLOP/s this provider promises for its worker (default: what its GPU model's
     # datasheet says); a benchmark far below it flags the worker "slow".
     advertised_tflops: float | None = Field(default=None, gt=0)
@@ -173,3 +190,8 @@ class Settings(BaseSettings):
     # 3-node cluster (deploy/nats/nats-cluster.conf, docs/reliability.md). Applied when a
     # service creates or updates them at start-up.
     js_replicas: int = Field(default=1, ge=1, le=5)
+
+
+def absolute(path: Path) -> Path:
+    """``path`` made absolute against this process's working directory (``~`` expanded)."""
+    return path.expanduser().absolute()

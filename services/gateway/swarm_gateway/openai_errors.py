@@ -49,6 +49,10 @@ class OpenAIError(Exception):
         self.code = code
         self.type = type_ or _TYPES.get(status, "server_error" if status >= 500 else "api_error")
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Like every exception here, it must pickle (it may cross a process boundary).
+        return type(self), (self.status, self.message), self.__dict__
+
     def body(self) -> dict[str, Any]:
         return {
             "error": {

@@ -74,6 +74,11 @@ class RequestFailed(Exception):
         super().__init__(message)
         self.error = InferenceError(code=code, message=message, status=status)
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Like every exception here, it must pickle (it may cross a process boundary).
+        e = self.error
+        return type(self), (e.code, e.message, e.status), self.__dict__
+
 
 @dataclass
 class HeldBase:

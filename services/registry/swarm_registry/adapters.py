@@ -12,15 +12,18 @@ from nats.js.kv import KeyValue
 
 from swarm_contracts.jobs import JobRecord
 from swarm_contracts.layout import adapter_prefix
-from swarm_contracts.providers import token_matches
 from swarm_contracts.refs import Ref
 from swarm_contracts.registry import (
+    AdapterKey,
     AdapterVersion,
     GetAdapter,
     ListAdapters,
+    Quarantine,
+    QuarantineJob,
     RegisterAdapter,
 )
 from swarm_registry.aliases import AliasBook, Promoted
+from swarm_registry.attempt_holder import check_registration
 from swarm_registry.errors import RegistryError
 from swarm_registry.inspection import check_source, copy_tree
 from swarm_registry.versions import (
@@ -68,37 +71,29 @@ class AdapterCatalog:
         self.jobs = jobs
         self.aliases = AliasBook(kv, self.versions, promoted)
 
-    async def _fence(self, job_id: str, attempt: int, token: str | None) -> None:
-        """Refuse a worker whose attempt is no longer the job's current one.
+    async def _fence(self, request: RegisterAdapter, sender_worker_id: str | None) -> None:
+        """Refuse a request that does not come from the job's current attempt, or that would
+        make anything but that attempt's own adapter (``attempt_holder.check_registration``).
 
         A worker that lost its lease (its job was requeued and placed elsewhere) may still
-        finish and ask to register: only the current attempt may make a version. A job with
-        no record is allowed (registrations made outside the scheduler, e.g. imports and
-        tests); the record, when there is one, is the authority.
-        """
-        found = await self.jobs.get(job_id)
-        if found is not None and found[0].attempt != attempt:
-            raise RegistryError(
-                f"stale attempt: job {job_id!r} is at attempt {found[0].attempt}, "
-                f"not {attempt}; this worker's result is not registered",
-                "conflict",
-            )
-        if found is not None and not token_matches(found[0].attempt_token_sha256, token):
-            raise RegistryError(
-                f"job {job_id!r} attempt {attempt} is not this worker's: no adapter registered",
-                "forbidden",
-            )
+        finish and ask to register: only the current attempt may make a version."""
+        found = await self.jobs.get(request.lineage.job_id)
+        check_registration(request, found[0] if found else None, sender_worker_id)
 
-    async def _claim(self, job_id: str, name: str) -> tuple[str, int]:
+    async def _claim(self, job_id: str, name: str, attempt: int) -> tuple[str, int]:
         """The (scoped name, version) this job's adapter is, reserving a new version the first time.
 
         The version is reserved before the files are copied (they go to a versioned key), and
         the job index is written with a KV create, so a retried or duplicated request finds the
         first one's version instead of making another. A request that loses that race leaves
         its reserved number unused: versions are unique and increasing, not gap-free.
+
+        The one exception: a later attempt of a job whose version was quarantined (its
+        verification failed and the job was rerun) makes a new version, which the index then
+        names.
         """
         index = job_index_key(job_id)
-        for _ in range(2):
+        for _ in range(3):
             try:
                 entry = await self.kv.get(index)
             except KeyNotFoundError:
@@ -113,7 +108,23 @@ class AdapterCatalog:
                 parsed = parse_version_key(value)
                 if parsed is None:
                     raise RegistryError(f"corrupt job index {index!r}", "internal")
-                return parsed
+                earlier = await self.versions.get(*parsed)
+                if earlier is None or earlier.quarantine is None:
+                    return parsed
+                if earlier.lineage.attempt >= attempt:
+                    raise RegistryError(
+                        f"job {job_id!r}: its adapter {value} is quarantined: "
+                        f"{earlier.quarantine.reason}",
+                        "conflict",
+                    )
+                version = await increment(self.kv, latest_key(name))
+                try:
+                    await self.kv.update(
+                        index, version_key(name, version).encode(), last=entry.revision
+                    )
+                    return name, version
+                except KeyWrongLastSequenceError:
+                    continue
             version = await increment(self.kv, latest_key(name))
             try:
                 await self.kv.create(index, version_key(name, version).encode())
@@ -122,16 +133,22 @@ class AdapterCatalog:
                 continue
         raise RegistryError(f"job {job_id!r}: could not claim an adapter version", "conflict")
 
-    async def register(self, request: RegisterAdapter) -> AdapterVersion:
+    async def register(
+        self, request: RegisterAdapter, sender_worker_id: str | None = None
+    ) -> AdapterVersion:
+        """Register the adapter a job's attempt produced; ``sender_worker_id``: the worker that
+        asked, where the request's subject says so (None: a service's request)."""
         check_name(request.name, "adapter name")
         tenant = check_name(request.lineage.tenant, "tenant")
         job_index_key(request.lineage.job_id)
         if request.lineage.parent is not None:
             check_ref(request.lineage.parent)
-        await self._fence(request.lineage.job_id, request.lineage.attempt, request.attempt_token)
+        await self._fence(request, sender_worker_id)
         # Refuse bad input before reserving a version, so a rejected request claims nothing.
         source = await asyncio.to_thread(check_source, self.store, request.store_key)
-        key_name, version = await self._claim(request.lineage.job_id, scoped(tenant, request.name))
+        key_name, version = await self._claim(
+            request.lineage.job_id, scoped(tenant, request.name), request.lineage.attempt
+        )
         _, name = unscoped(key_name)
         existing = await self.versions.get(key_name, version)
         if existing is not None:
@@ -164,21 +181,77 @@ class AdapterCatalog:
         return record
 
     async def get(self, request: GetAdapter) -> AdapterVersion:
+        """One version (by version, alias, or the latest). A quarantined one only with
+        ``include_quarantined``: refused by version or alias, passed over as the latest."""
         name, version, alias = parse_ref(request.name)
         version = request.version if request.version is not None else version
         alias = request.alias or alias
         if alias is not None:
-            return await self._by_alias(name, alias, request.tenant)
+            return _servable(await self._by_alias(name, alias, request.tenant), request)
         tenant = request.tenant or await self._only_tenant(name, version)
         if version is not None:
             record = await self.versions.get(scoped(tenant, name), version)
             if record is not None:
-                return record
+                return _servable(record, request)
             raise RegistryError(f"unknown adapter {name!r} version {version}", "not_found")
-        record = await self.versions.latest(scoped(tenant, name))
+        record = await self.versions.latest(
+            scoped(tenant, name),
+            None if request.include_quarantined else lambda r: r.quarantine is None,
+        )
         if record is not None:
             return record
-        raise RegistryError(f"unknown adapter {name!r}", "not_found")
+        raise RegistryError(f"unknown adapter {name!r} (or every version quarantined)", "not_found")
+
+    async def quarantine(self, request: QuarantineJob) -> AdapterVersion:
+        """Quarantine the version ``request.job_id`` made (its verification failed)."""
+        index = job_index_key(request.job_id)
+        try:
+            entry = await self.kv.get(index)
+        except KeyNotFoundError:
+            entry = None
+        live = entry is not None and entry.value and entry.operation not in ("DEL", "PURGE")
+        value = entry.value.decode() if live and entry is not None and entry.value else ""
+        parsed = parse_version_key(value)
+        if parsed is None:
+            raise RegistryError(f"job {request.job_id!r} made no adapter version", "not_found")
+        quarantine = Quarantine(reason=request.reason[:1000], job_id=request.job_id)
+
+        def mark(record: AdapterVersion) -> AdapterVersion | None:
+            if record.quarantine is not None:
+                return None  # already (a repeated request)
+            record.quarantine = quarantine
+            return record
+
+        await self.versions.table.modify(version_key(*parsed), mark)
+        record = await self.versions.get(*parsed)
+        if record is None:
+            raise RegistryError(f"job {request.job_id!r}: its version {value} is gone", "not_found")
+        log.warning("quarantined adapter %s v%d: %s", record.name, record.version, request.reason)
+        return record
+
+    async def unquarantine(self, request: AdapterKey) -> AdapterVersion:
+        """An admin's word: the version may be served, aliased and be the latest again."""
+        record = await self.get(
+            GetAdapter(
+                name=request.name,
+                version=request.version,
+                tenant=request.tenant,
+                include_quarantined=True,
+            )
+        )
+
+        def clear(r: AdapterVersion) -> AdapterVersion | None:
+            if r.quarantine is None:
+                return None
+            r.quarantine = None
+            return r
+
+        key = version_key(scoped(record.tenant, record.name), record.version)
+        written = await self.versions.table.modify(key, clear)
+        if written is not None:
+            log.warning("adapter %s v%d is out of quarantine", record.name, record.version)
+            return written[0]
+        return record.model_copy(update={"quarantine": None})
 
     async def _only_tenant(self, name: str, version: int | None) -> str:
         """The tenant of a lookup that names none (internal callers, who see every tenant):
@@ -219,6 +292,17 @@ class AdapterCatalog:
             and (not request.base_model or record.lineage.base_model == model)
             and model_version in (None, record.lineage.base_model_version)
         ]
+
+
+def _servable(record: AdapterVersion, request: GetAdapter) -> AdapterVersion:
+    if record.quarantine is not None and not request.include_quarantined:
+        raise RegistryError(
+            f"adapter {record.name!r} version {record.version} is quarantined: "
+            f"{record.quarantine.reason}; an admin may clear it "
+            f"(swarm adapters unquarantine {record.name} {record.version})",
+            "conflict",
+        )
+    return record
 
 
 def parse_ref(ref: str) -> Ref:

@@ -160,7 +160,9 @@ class AliasBook:
 
     async def apply_rules(self, record: AdapterVersion) -> list[AliasTarget]:
         """Move every alias whose rule this new version satisfies."""
-        moved = []
+        moved: list[AliasTarget] = []
+        if record.quarantine is not None:
+            return moved  # never promoted while quarantined
         for rule in await self.rules_for(record.name, record.tenant):
             found = record.lineage.metrics.get(rule.metric)
             if found is None:

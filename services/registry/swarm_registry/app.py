@@ -28,6 +28,7 @@ from swarm_contracts.registry import (
     ListModels,
     ModelVersion,
     PromotionRule,
+    QuarantineJob,
     RegisterAdapter,
     RegisterModel,
     Reply,
@@ -92,6 +93,8 @@ class Handlers:
             ("adapters.lineage", self.adapter_lineage, 1),
             ("adapters.alias.set", self.set_alias, 1),
             ("adapters.rule.set", self.set_rule, 1),
+            ("adapters.quarantine", self.quarantine_adapter, 1),
+            ("adapters.unquarantine", self.unquarantine_adapter, 1),
             ("gc.run", self.run_gc, 1),
             # Every store operation of a worker without keys: several at once (a checkpoint
             # upload asks for each file), each a record read and a local signature.
@@ -139,7 +142,12 @@ class Handlers:
 
     async def _verify(self, request: AdapterKey) -> VerifyReport:
         record = await self.catalogs.adapters.get(
-            GetAdapter(name=request.name, version=request.version, tenant=request.tenant)
+            GetAdapter(
+                name=request.name,
+                version=request.version,
+                tenant=request.tenant,
+                include_quarantined=True,
+            )
         )
         return await asyncio.to_thread(verify, self.catalogs.adapters.store, record)
 
@@ -156,6 +164,12 @@ class Handlers:
             GetAdapter(name=request.name, version=request.version, tenant=request.tenant)
         )
         return await self.catalogs.adapters.aliases.set(record, request.alias)
+
+    async def quarantine_adapter(self, request: QuarantineJob) -> Reply[AdapterVersion]:
+        return await answer(Reply[AdapterVersion], self.catalogs.adapters.quarantine(request))
+
+    async def unquarantine_adapter(self, request: AdapterKey) -> Reply[AdapterVersion]:
+        return await answer(Reply[AdapterVersion], self.catalogs.adapters.unquarantine(request))
 
     async def set_rule(self, request: PromotionRule) -> Reply[PromotionRule]:
         return await answer(Reply[PromotionRule], self.catalogs.adapters.aliases.set_rule(request))

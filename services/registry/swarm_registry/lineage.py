@@ -56,7 +56,9 @@ async def lineage_graph(
     """Follow ``lineage.parent`` up from ``name@version``; a parent that is deleted, or that
     belongs to another tenant when a tenant asks, ends the chain and is listed as unresolved
     (its existence is all another tenant learns)."""
-    record = await catalog.get(GetAdapter(name=name, version=version, tenant=tenant))
+    record = await catalog.get(
+        GetAdapter(name=name, version=version, tenant=tenant, include_quarantined=True)
+    )
     nodes = [node(record)]
     unresolved: list[str] = []
     seen = {nodes[0].ref}
@@ -66,7 +68,12 @@ async def lineage_graph(
         try:
             parent_name, parent_version, _ = parse_ref(parent)
             found = await catalog.get(
-                GetAdapter(name=parent_name, version=parent_version, tenant=tenant)
+                GetAdapter(
+                    name=parent_name,
+                    version=parent_version,
+                    tenant=tenant,
+                    include_quarantined=True,
+                )
             )
         except RegistryError:
             unresolved.append(parent)

@@ -57,7 +57,12 @@ log = logging.getLogger(__name__)
 async def delete_version(catalog: AdapterCatalog, request: AdapterKey) -> AdapterVersion:
     """Remove a version's record and files; refused while an alias points at it."""
     record = await catalog.get(
-        GetAdapter(name=request.name, version=request.version, tenant=request.tenant)
+        GetAdapter(
+            name=request.name,
+            version=request.version,
+            tenant=request.tenant,
+            include_quarantined=True,
+        )
     )
     holding = sorted(
         alias

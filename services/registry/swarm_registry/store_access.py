@@ -12,15 +12,15 @@ import asyncio
 from datetime import timedelta
 
 from swarm_contracts.datasets import DatasetInfo
-from swarm_contracts.jobs import JobRecord, JobState, utcnow
+from swarm_contracts.jobs import JobRecord, utcnow
 from swarm_contracts.layout import InvalidKey, validate_key
-from swarm_contracts.providers import token_matches
 from swarm_contracts.store_access import (
     StoreAccess,
     StoredObject,
     StoreGrant,
     job_scope,
 )
+from swarm_registry.attempt_holder import check_store_access
 from swarm_registry.errors import RegistryError
 from swarm_runtime.records import RecordTable
 from swarm_runtime.store import ObjectStore, S3Store
@@ -29,9 +29,6 @@ from swarm_runtime.store import ObjectStore, S3Store
 # that leaks is soon worthless; a URL names one object and one method.
 URL_LIFETIME = timedelta(minutes=15)
 _METHODS = {"get": "GET", "put": "PUT", "delete": "DELETE"}
-# The attempt may still use the store while it is running (or about to): a job that ended
-# or moved on has nothing more to read or write.
-_ACTIVE = (JobState.assigned, JobState.running)
 
 
 class StoreSigner:
@@ -45,7 +42,9 @@ class StoreSigner:
         self.jobs = jobs
         self.datasets = datasets
 
-    async def access(self, request: StoreAccess) -> StoreGrant:
+    async def access(self, request: StoreAccess, sender_worker_id: str | None = None) -> StoreGrant:
+        """A grant for one operation of the job's current attempt; ``sender_worker_id``: the
+        worker that asked, where the request's subject says so."""
         if not isinstance(self.store, S3Store):
             raise RegistryError(
                 "scoped store access needs an S3 store (this registry's is "
@@ -57,7 +56,8 @@ class StoreSigner:
             validate_key(request.key, prefix=request.op == "list")
         except InvalidKey as exc:
             raise RegistryError(str(exc), "invalid") from exc
-        record = await self._current(request)
+        entry = await self.jobs.get(request.job_id)
+        record = check_store_access(request, entry[0] if entry else None, sender_worker_id)
         datasets = await self._dataset_keys(record)
         if not job_scope(record, datasets).allows(request.op, request.key):
             raise RegistryError(
@@ -82,31 +82,6 @@ class StoreSigner:
             url=url,
             expires_at=utcnow() + URL_LIFETIME,
         )
-
-    async def _current(self, request: StoreAccess) -> JobRecord:
-        """The job's record, if the asker holds its current, active attempt.
-
-        Unlike registrations, a job without a record gets nothing: without one there is no
-        scope. A record without an attempt token (placed before tokens existed) gets nothing
-        either: anyone knowing the job id could otherwise read its data."""
-        found = await self.jobs.get(request.job_id)
-        if found is None:
-            raise RegistryError(f"no job {request.job_id!r} to grant store access for", "forbidden")
-        record = found[0]
-        if record.attempt != request.attempt or record.state not in _ACTIVE:
-            raise RegistryError(
-                f"stale attempt: job {request.job_id!r} is at attempt {record.attempt} "
-                f"({record.state}), not {request.attempt}: no store access",
-                "conflict",
-            )
-        if record.attempt_token_sha256 is None or not token_matches(
-            record.attempt_token_sha256, request.attempt_token
-        ):
-            raise RegistryError(
-                f"job {request.job_id!r} attempt {request.attempt} is not this worker's",
-                "forbidden",
-            )
-        return record
 
     async def _dataset_keys(self, record: JobRecord) -> list[str]:
         keys = []

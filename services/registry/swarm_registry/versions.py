@@ -8,6 +8,7 @@ two concurrent requests in one) can never hand out the same version.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Generic, TypeVar
 
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
@@ -136,10 +137,11 @@ class Versions(Generic[M]):
             top += 1
         return list(range(top, 0, -1))
 
-    async def latest(self, name: str) -> M | None:
+    async def latest(self, name: str, accept: Callable[[M], bool] | None = None) -> M | None:
+        """The newest version (that ``accept`` accepts, if given)."""
         for version in await self.newest(name):
             record = await self.get(name, version)
-            if record is not None:
+            if record is not None and (accept is None or accept(record)):
                 return record
         return None
 

@@ -258,22 +258,48 @@ def _labels_text(labels: dict[str, str]) -> str:
     return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
 
 
+def held_back_text(held_back: Sequence[WorkerInfo], shown: int = 5) -> str:
+    """Why present workers take no new jobs: ``w2 cordoned, w3 suspect`` (the first few)."""
+
+    def why(w: WorkerInfo) -> str:
+        if w.state != "alive":
+            return w.state  # leaving
+        return "suspect" if w.suspect else "draining" if w.draining else "cordoned"
+
+    named = sorted(held_back, key=lambda w: w.worker_id)
+    text = ", ".join(f"{w.worker_id} {why(w)}" for w in named[:shown])
+    return text + (f" and {len(named) - shown} more" if len(named) > shown else "")
+
+
 def unplaceable_reason(
     spec: JobSpec,
     workers: list[WorkerInfo],
     min_gb: float | None = None,
     verify: VerifyTarget | None = None,
+    held_back: Sequence[WorkerInfo] = (),
 ) -> str:
+    """Why the job waits. ``workers`` are those placement may use; ``held_back`` the present
+    workers it may not (leaving, or cordoned, drained or suspect): a job waiting only because
+    of those says so, rather than that no worker is alive."""
     need = demand(spec)
     asked = spec.resources.min_gpu_memory_gb
     if min_gb is None:
         min_gb = asked
     if not workers:
+        if held_back:
+            return f"waiting for a worker: none takes new jobs ({held_back_text(held_back)})"
         return "waiting for a worker: none is alive"
     if verify is not None:
         workers = [w for w in workers if may_replay(w, verify)]
         if not workers:
             provider = f" or of provider {verify.provider}" if verify.provider else ""
+            others = [w for w in held_back if may_replay(w, verify)]
+            if others:
+                return (
+                    f"waiting for a worker to replay on: none takes new jobs but "
+                    f"{verify.worker_id}{provider}, whose work it checks "
+                    f"({held_back_text(others)})"
+                )
             return (
                 f"waiting for a worker to replay on: none is alive but {verify.worker_id}"
                 f"{provider}, whose work it checks"
@@ -317,13 +343,16 @@ def plan(
     tenant_max_running: int = 0,
     used: dict[str, Capacity] | None = None,
     order: Order = "best_fit",
+    held_back: Callable[[], Sequence[WorkerInfo]] = tuple,
 ) -> Plan:
     """Place queued jobs in fair-share order (see ``queue_policy``) on the best-fitting worker,
     or with ``order="fastest"`` on the fastest fitting one; among equally fitting workers, one
     that holds the job's base model in its cache first.
 
     ``jobs`` are the records that may hold capacity (at least every assigned or running one).
-    ``used`` is ``held(jobs)`` when the caller keeps it up to date already.
+    ``used`` is ``held(jobs)`` when the caller keeps it up to date already. ``held_back()``:
+    the present workers placement may not use (cordoned, leaving, ...), asked for only to
+    say why a job waits.
     A job that does not fit is skipped, so a smaller one behind it can still go (backfill).
     """
     jobs = list(jobs)
@@ -336,6 +365,7 @@ def plan(
     result = Plan([], {})
     # A shape that found no room once in this pass finds none later either: skip the scan.
     full: dict[tuple[object, ...], str] = {}
+    kept_back: list[WorkerInfo] | None = None
     queue = FairQueue(queued, jobs, tenant_max_running)
     for job in queue:
         if (limit_reason := queue.over_limit(job)) is not None:
@@ -352,7 +382,9 @@ def plan(
             worker_id = pick(need, None if simple else allowed, holders)
         if worker_id is None:
             if shape not in full:
-                full[shape] = unplaceable_reason(job.spec, workers, min_gb, job.verify)
+                if kept_back is None:
+                    kept_back = list(held_back())
+                full[shape] = unplaceable_reason(job.spec, workers, min_gb, job.verify, kept_back)
             result.waiting[job.job_id] = full[shape]
             continue
         index.take(worker_id, need)

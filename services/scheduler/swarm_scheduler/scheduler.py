@@ -550,6 +550,7 @@ class Scheduler:
             self.settings.tenant_max_running,
             self.view.held,
             self.settings.placement_order,
+            self.workers.held_back,
         )
         # The plan already gave each job its own room, so the writes can go out together:
         # each is a compare-and-set on its own record, and one that fails leaves its room

@@ -21,14 +21,17 @@ from nats.js import JetStreamContext
 
 from swarm_contracts.events import AnyJobEvent, Failed, Queued, Replayed, Requeued, Verified
 from swarm_contracts.jobs import JobRecord, JobState, replay_job_id, unverifiable, utcnow
+from swarm_contracts.registry import AdapterVersion, QuarantineJob
 from swarm_contracts.subjects import Subjects
 from swarm_contracts.verification import Verification, VerificationOutcome, VerifyTarget
 from swarm_contracts.workers import WorkerOps
 from swarm_runtime.job_history import past_events
 from swarm_runtime.records import Conflict, RecordTable
+from swarm_runtime.rpc import Refused, Unavailable
 from swarm_runtime.settings import Settings
 from swarm_scheduler.metrics import SchedulerMetrics
 from swarm_scheduler.placement import provider_of
+from swarm_scheduler.registry_client import registry_of
 from swarm_scheduler.verdict import Verdict, drawn, judge, pick_range
 from swarm_scheduler.view import JobView
 from swarm_scheduler.worker_table import WorkerTable
@@ -200,7 +203,13 @@ class Verifications:
 
         settled = await s.view.modify(target.job_id, settle)
         if settled is None:
-            return  # settled already (a redelivered event), or the target is gone
+            # Settled already (a redelivered event: perhaps the first delivery's scheduler
+            # died before the quarantine below), or the target is gone.
+            current = s.view.open.get(target.job_id) or await s.view.read(target.job_id)
+            v = current.verification if current is not None else None
+            if v is not None and v.replay_job_id == replay.job_id and v.outcome == "failed":
+                await self.quarantine(target.job_id, v.reason or "its verification failed")
+            return
         job_steps = replay.spec.training.max_steps
         action = _action(failed, settled)
         if s.metrics is not None:
@@ -216,6 +225,7 @@ class Verifications:
         )
         if failed:
             await self.suspect(target.worker_id, f"replay of {target.job_id}: {reason}")
+            await self.quarantine(target.job_id, reason)
             await self._apply_policy(settled, action, reason)
         # Last: whoever follows the job's events knows, when it comes, what became of the job.
         await s.emit(
@@ -251,6 +261,26 @@ class Verifications:
         elif action == "failed":
             reason = target.reason or reason
             await s.emit(Failed(job_id=target.job_id, attempt=target.attempt, reason=reason))
+
+    async def quarantine(self, job_id: str, reason: str) -> None:
+        """Have the registry quarantine the adapter version the job made: not served, aliased,
+        continued from or the latest until an admin clears it. A job that made none (it
+        registered nothing) is no error; an unreachable registry is logged, and the job's
+        verified event still says what happened."""
+        s = self.scheduler
+        request = QuarantineJob(job_id=job_id, reason=f"verification failed: {reason}")
+        try:
+            version = await registry_of(s.broker, s.subjects).call(
+                "adapters.quarantine", request, AdapterVersion
+            )
+        except Refused as exc:
+            if exc.code != "not_found":
+                log.error("could not quarantine the adapter of %s: %s", job_id, exc.message)
+            return
+        except Unavailable as exc:
+            log.error("could not quarantine the adapter of %s: %s", job_id, exc)
+            return
+        log.warning("quarantined %s v%d, made by %s", version.name, version.version, job_id)
 
     async def suspect(self, worker_id: str, reason: str) -> None:
         """Mark the worker suspect in ``worker_ops``, keeping any cordon or drain it has."""

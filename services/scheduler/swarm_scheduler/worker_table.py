@@ -113,6 +113,14 @@ class WorkerTable:
             if e.info.state == "alive" and not e.info.cordoned
         ]
 
+    def held_back(self) -> list[WorkerInfo]:
+        """Present workers that take no new jobs: leaving, or cordoned, drained or suspect."""
+        return [
+            e.info
+            for e in self._workers.values()
+            if e.info.state in PRESENT and (e.info.state != "alive" or e.info.cordoned)
+        ]
+
     def pool(self) -> Pool:
         """The schedulable workers for placement, rebuilt only when one comes, goes, changes
         its resources, labels, benchmark or cached models, or is cordoned or uncordoned. Their

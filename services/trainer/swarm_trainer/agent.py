@@ -72,7 +72,7 @@ from swarm_runtime.store import ObjectStore, is_unreachable, open_store
 from swarm_runtime.tasks import cancel_and_wait
 from swarm_runtime.topology import ensure_topology, kv_bucket
 from swarm_trainer import reports
-from swarm_trainer.benchmark import run_benchmark
+from swarm_trainer.benchmark import Benchmarks, run_benchmark
 from swarm_trainer.cache import CacheSettings
 from swarm_trainer.hooks import agent_hooks
 from swarm_trainer.job_history import workers_that_ran
@@ -170,7 +170,9 @@ class TrainerAgent:
         self._own_ray = False  # whether this agent connected Ray (then it disconnects it)
         # The latest self-benchmark, carried by every heartbeat (swarm_trainer.benchmark).
         self.benchmark: WorkerBenchmark | None = None
+        self.benchmarks = Benchmarks()
         self._benchmarking = asyncio.Lock()
+        self._remeasure: asyncio.Task[bool] | None = None
         # Set by the app (swarm_trainer.app); no-ops for a bare agent.
         self.tracer: Tracer = NoOpTracer()
         self.metrics: TrainerMetrics | None = None
@@ -241,7 +243,15 @@ class TrainerAgent:
             _, late = await asyncio.wait(running, timeout=self.settings.shutdown_grace_s)
             if late:
                 log.warning("%d job(s) did not stop in time; left to the scheduler", len(late))
-        tasks = [t for t in [self._heartbeat_task, *(a.task for a in self.active.values())] if t]
+        tasks = [
+            t
+            for t in [
+                self._heartbeat_task,
+                self._remeasure,
+                *(a.task for a in self.active.values()),
+            ]
+            if t
+        ]
         await cancel_and_wait(tasks)
         self.state = "gone"
         with contextlib.suppress(Exception):
@@ -253,11 +263,17 @@ class TrainerAgent:
 
     # --- self-benchmark ------------------------------------------------------------------
 
-    async def measure(self) -> WorkerBenchmark:
-        """Run the self-benchmark (one at a time); heartbeats carry the result from now on."""
+    async def measure(self, *, afresh: bool = False) -> WorkerBenchmark:
+        """Run the self-benchmark (one at a time): the new result; heartbeats carry the best
+        of the recent ones from now on (``Benchmarks``; ``afresh``: this one)."""
         async with self._benchmarking:
-            result = await run_benchmark(self.settings.benchmark_s, busy=bool(self.active))
-            self.benchmark = result
+            try:
+                result = await run_benchmark(self.settings.benchmark_s, busy=bool(self.active))
+            except Exception:
+                self.benchmarks.tried()
+                raise
+            self.benchmarks.add(result, afresh=afresh)
+            self.benchmark = self.benchmarks.reported
         log.info(
             "self-benchmark: %.3g TFLOP/s (%s on %s), %.0f training tokens/s%s",
             result.matmul_tflops,
@@ -277,7 +293,7 @@ class TrainerAgent:
                 f"worker {self.worker_id} has its self-benchmark turned off (SWARM_BENCHMARK_S=0)",
                 "conflict",
             )
-        result = await self.measure()
+        result = await self.measure(afresh=True)
         if self._heartbeat_task is not None:  # not before its first heartbeat
             with contextlib.suppress(Exception):  # the next regular one carries it anyway
                 await self._send_heartbeat()
@@ -330,6 +346,25 @@ class TrainerAgent:
             except Exception:  # a NATS hiccup must not end the heartbeats for good
                 log.exception("heartbeat failed")
             await asyncio.sleep(interval)
+            idle = self._remeasure is None or self._remeasure.done()
+            if idle and self.settings.benchmark_s > 0 and self._remeasure_due():
+                # In its own task: a measurement (seconds) must not hold up the heartbeats.
+                self._remeasure = asyncio.create_task(self.remeasure_if_due())
+
+    def _remeasure_due(self) -> bool:
+        return not self.active and self.benchmarks.due(self.settings.benchmark_every_s)
+
+    async def remeasure_if_due(self) -> bool:
+        """Measure again if the worker is idle and a new measurement is due
+        (``Benchmarks.due``); whether it measured."""
+        if not self._remeasure_due():
+            return False
+        try:
+            await self.measure()
+        except Exception:
+            log.exception("the self-benchmark failed; heartbeats carry the earlier one")
+            return False
+        return True
 
     # --- assignments and cancels -----------------------------------------------------------
 

@@ -24,7 +24,7 @@ from swarm_contracts.workers import (
 from swarm_runtime.broker import make_broker
 from swarm_runtime.prometheus import MetricsServer
 from swarm_runtime.rpc import ServiceClient, answer
-from swarm_runtime.settings import Settings
+from swarm_runtime.settings import Settings, absolute
 from swarm_runtime.tracing import setup_tracing, tracer_of
 from swarm_trainer.agent import SERVICE, TrainerAgent
 from swarm_trainer.export import export_registered
@@ -110,6 +110,8 @@ def join_settings(settings: Settings, creds: Path, nats_url: str | None = None) 
     """A provider's agent: its join file's identity and NATS URL (``nats_url`` overrides it),
     and, unless store keys or ``SWARM_STORE_ACCESS`` are given, no store keys at all: the
     registry grants its jobs' keys one by one (docs/providers.md, *Store access*)."""
+    # Absolute: the agent's Ray processes open it too, from another working directory.
+    creds = absolute(creds)
     credentials = read_credentials(creds)
     url = nats_url or credentials.nats_url or settings.nats_url
     update: dict[str, object] = {"provider_creds_file": creds, "nats_url": url}

@@ -1,10 +1,13 @@
 """The worker's self-benchmark: how fast it multiplies matrices and trains a LoRA adapter.
 
-Run when the agent starts and again on request (``swarm workers benchmark ID``); the result
-rides on every heartbeat after it. Two measurements share the time budget: dense square matmuls
-on the first GPU (bf16, or fp16 where the GPU has no bf16) or on the CPUs (fp32), in TFLOP/s,
-and LoRA training steps of a tiny Llama built in memory, in tokens/s, which also proves that the
-training stack (torch, transformers, peft, autograd) works on this machine.
+Run when the agent starts, again on request (``swarm workers benchmark ID``), and again while
+the worker is idle every ``SWARM_BENCHMARK_EVERY_S`` (at once when the last one ran beside jobs);
+heartbeats carry the best of the last few idle runs (``Benchmarks``), so that one run slowed by
+other load on the machine does not stand for the machine for ever. Two measurements share the
+time budget: dense square matmuls on the first GPU (bf16, or fp16 where the GPU has no bf16) or
+on the CPUs (fp32), in TFLOP/s, and LoRA training steps of a tiny Llama built in memory, in
+tokens/s, which also proves that the training stack (torch, transformers, peft, autograd) works
+on this machine.
 
 On a GPU machine it runs in a child process (``python -m swarm_trainer.benchmark``): the CUDA
 context and the memory it takes go away with it, instead of staying with the agent for as long
@@ -19,6 +22,7 @@ import asyncio
 import statistics
 import sys
 import time
+from collections import deque
 from collections.abc import Callable
 
 import torch
@@ -113,6 +117,48 @@ def train_tokens_per_s(device: torch.device, dtype: torch.dtype, seconds: float)
     step()  # warm-up: autograd graph, optimizer state
     _sync(device)
     return _rate(device, seconds, step)
+
+
+# Runs kept for choosing what heartbeats carry: a slower machine (a throttled GPU) shows once
+# its older, faster runs are out of these.
+KEPT = 3
+
+
+class Benchmarks:
+    """The worker's recent self-benchmarks, and the one its heartbeats carry (``reported``):
+    the fastest of the recent idle runs (placement ranks workers by TFLOP/s), or of all recent
+    runs while none was idle."""
+
+    def __init__(self, kept: int = KEPT, clock: Callable[[], float] = time.monotonic) -> None:
+        self.recent: deque[WorkerBenchmark] = deque(maxlen=kept)
+        self.clock = clock
+        self.last_at = clock()  # of the last measurement, or of the start
+
+    def add(self, result: WorkerBenchmark, *, afresh: bool = False) -> None:
+        """A new measurement; ``afresh``: forget the earlier ones (an operator asked for a new
+        measurement, and sees it carried from now on)."""
+        if afresh:
+            self.recent.clear()
+        self.recent.append(result)
+        self.last_at = self.clock()
+
+    def tried(self) -> None:
+        """A measurement failed: the next is due a full interval later."""
+        self.last_at = self.clock()
+
+    @property
+    def reported(self) -> WorkerBenchmark | None:
+        idle = [r for r in self.recent if not r.busy]
+        candidates = idle or list(self.recent)
+        return max(candidates, key=lambda r: r.matmul_tflops) if candidates else None
+
+    def due(self, every_s: float) -> bool:
+        """Whether an idle worker should measure again now: every ``every_s`` (0: never), and
+        at once while what it reports was measured beside jobs."""
+        if every_s <= 0:
+            return False
+        reported = self.reported
+        return (reported is not None and reported.busy) or self.clock() - self.last_at >= every_s
 
 
 def measure(budget_s: float = 1.0, device: torch.device | None = None) -> WorkerBenchmark:

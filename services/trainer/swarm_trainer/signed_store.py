@@ -75,7 +75,12 @@ class StoreAccessRefused(PermissionError):
 
     def __init__(self, message: str, code: str) -> None:
         super().__init__(message)
+        self.message = message
         self.code = code
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Raised in Ray workers and read by the agent: it must survive pickling.
+        return type(self), (self.message, self.code), self.__dict__
 
 
 class SignedAccess(BaseModel):

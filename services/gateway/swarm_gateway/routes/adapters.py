@@ -29,7 +29,7 @@ from swarm_contracts.registry import (
     PromotionRule,
     SetAlias,
 )
-from swarm_gateway.auth import Tenant
+from swarm_gateway.auth import Admin, Tenant
 from swarm_gateway.state import Gateway, get_gateway
 from swarm_gateway.verified_tar import verified_tar
 
@@ -68,8 +68,12 @@ async def list_adapters(
     return AdapterList(data=[a for a in adapters if a.tenant == tenant])
 
 
-async def _get(gw: Gateway, tenant: str, name: str, version: int | None) -> AdapterVersion:
-    request = GetAdapter(name=name, version=version, tenant=tenant)
+async def _get(
+    gw: Gateway, tenant: str, name: str, version: int | None, *, shown: bool = False
+) -> AdapterVersion:
+    """The version (the latest: the newest not quarantined); a quarantined one only to be
+    ``shown`` (its ``quarantine`` says why), never downloaded (409)."""
+    request = GetAdapter(name=name, version=version, tenant=tenant, include_quarantined=shown)
     return await gw.registry.call("adapters.get", request, AdapterVersion)
 
 
@@ -82,7 +86,25 @@ async def get_adapter(name: AdapterName, gw: GW, tenant: Tenant) -> AdapterVersi
 async def get_adapter_version(
     name: AdapterName, version: VersionNumber, gw: GW, tenant: Tenant
 ) -> AdapterVersion:
-    return await _get(gw, tenant, name, version)
+    return await _get(gw, tenant, name, version, shown=True)
+
+
+@router.post(
+    "/{name}/versions/{version}/unquarantine",
+    response_model=AdapterVersion,
+    responses={403: {"description": "not an admin key"}, 404: {"description": "no such version"}},
+)
+async def unquarantine(
+    name: AdapterName,
+    version: VersionNumber,
+    gw: GW,
+    admin: Admin,
+    tenant: Annotated[str | None, Query(pattern=NAME_PATTERN)] = None,
+) -> AdapterVersion:
+    """Admins only: release a version from the quarantine a failed verification put it in (of
+    ``tenant``, default the admin's own): it may be served, aliased and be the latest again."""
+    request = AdapterKey(name=name, version=version, tenant=tenant or admin.tenant)
+    return await gw.registry.call("adapters.unquarantine", request, AdapterVersion)
 
 
 @router.delete("/{name}/versions/{version}", response_model=AdapterVersion)
