@@ -99,7 +99,12 @@ async def add_model(
     # The base-model catalog is shared by every tenant, so only the operator curates it.
     _admin: Admin,
     name: Annotated[str, Form(pattern=NAME_PATTERN, description="registry model name")],
-    files: Annotated[list[UploadFile], File(description="config.json, *.safetensors, tokenizer")],
+    # At least two: config.json and a weights file (which names they must have is checked
+    # below, and documented as this operation's 422).
+    files: Annotated[
+        list[UploadFile],
+        File(min_length=2, description="config.json, *.safetensors, tokenizer"),
+    ],
     hf_id: Annotated[
         str | None,
         Form(
