@@ -24,8 +24,10 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
+from schemathesis.config import SchemathesisConfig
 from schemathesis.specs.openapi.checks import (
     content_type_conformance,
+    positive_data_acceptance,
     response_headers_conformance,
     response_schema_conformance,
     status_code_conformance,
@@ -53,6 +55,39 @@ CHECKS = [
     response_schema_conformance,
     response_headers_conformance,
 ]
+
+
+# Positive-data conformance (stateful run): a request the document allows is not refused with
+# a 4xx, except what no schema can say: a name that is not there (404), a state conflict (409),
+# a credential (401/403), an upload over the size limit (413), and the business rules that an
+# operation's 422 lists (``x-business-rules``, swarm_gateway.openapi_doc).
+STATEFUL_CHECKS = [*CHECKS, positive_data_acceptance]
+ACCEPTED = ["2xx", "3xx", "401", "403", "404", "409", "429", "5xx"]
+
+
+def conformance_config(document: dict[str, Any]) -> SchemathesisConfig:
+    """positive_data_acceptance's expected statuses, per operation, from its documented ones."""
+    operations = []
+    for path, item in document["paths"].items():
+        for method, operation in item.items():
+            responses = operation["responses"]
+            extra = ["413"] if "413" in responses else []
+            if "x-business-rules" in responses.get("422", {}):
+                extra.append("422")
+            if extra:
+                expected = {"expected-statuses": [*ACCEPTED, *extra]}
+                operations.append(
+                    {
+                        "include-name": f"{method.upper()} {path}",
+                        "checks": {"positive_data_acceptance": expected},
+                    }
+                )
+    return SchemathesisConfig.from_dict(
+        {
+            "checks": {"positive_data_acceptance": {"expected-statuses": ACCEPTED}},
+            "operations": operations,
+        }
+    )
 
 
 class ServicesThread:
@@ -181,7 +216,8 @@ def fuzz_gateway(
 # The document the gateway serves at /openapi.json, built without starting it. The export
 # route is answered by a trainer agent (torch + Ray), which this stack does not run: there its
 # correct answer is a 503, so it is covered by the end-to-end test instead.
-schema = schemathesis.openapi.from_dict(create_app(Settings()).openapi()).exclude(
+DOCUMENT = create_app(Settings()).openapi()
+schema = schemathesis.openapi.from_dict(DOCUMENT, config=conformance_config(DOCUMENT)).exclude(
     path_regex="/export$"
 )
 
@@ -205,7 +241,7 @@ class Workflow(schema.as_state_machine()):  # type: ignore[misc]
         return {"base_url": self.base_url, "headers": AUTH, "timeout": 15}
 
     def validate_response(self, response: Any, case: schemathesis.Case, **kwargs: Any) -> None:
-        case.validate_response(response, checks=CHECKS)
+        case.validate_response(response, checks=STATEFUL_CHECKS)
 
 
 @pytest.mark.filterwarnings("ignore")

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from swarm_contracts.jobs import NAME_PATTERN, utcnow
 
-ROLES = ("system", "developer", "user", "assistant")
+Role = Literal["system", "developer", "user", "assistant"]
 MAX_STOP_STRINGS = 4
 REQUEST_ID_PATTERN = r"^[A-Za-z0-9_-]{1,128}$"
 FinishReason = Literal["stop", "length"]
@@ -26,7 +26,7 @@ FinishReason = Literal["stop", "length"]
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Role
     content: str
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import hashlib
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 from swarm_contracts.memory import MemoryEstimate
 
@@ -32,23 +32,22 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
+ModuleNames = Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)]
+
+
 class LoraSpec(Strict):
     r: int = Field(default=8, ge=1, le=256)
     alpha: float = Field(default=16.0, gt=0, le=1024)
     dropout: float = Field(default=0.05, ge=0.0, lt=1.0)
-    target_modules: list[str] | Literal["all-linear"] = Field(
-        default_factory=lambda: ["q_proj", "v_proj"]
+    # The length limits are in the schema (not a validator), so that the OpenAPI document
+    # refuses exactly what the validation refuses.
+    target_modules: ModuleNames | Literal["all-linear"] = Field(
+        default_factory=lambda: ["q_proj", "v_proj"],
+        description="module names (at least one), or 'all-linear'",
     )
     # QLoRA: the base model's decoder weights in 4-bit NF4 (bitsandbytes, CUDA only), compute
     # in bf16. The adapter trained is an ordinary one: it loads on the unquantized base.
     quantize: Literal["nf4"] | None = None
-
-    @field_validator("target_modules")
-    @classmethod
-    def _non_empty(cls, v: list[str] | str) -> list[str] | str:
-        if isinstance(v, list) and not v:
-            raise ValueError("target_modules must name at least one module or be 'all-linear'")
-        return v
 
 
 class TrainingSpec(Strict):

@@ -202,7 +202,9 @@ def create_app(
 
     def document() -> dict[str, Any]:
         if app.openapi_schema is None:
-            app.openapi_schema = openapi_doc.add_links(FastAPI.openapi(app))
+            document = openapi_doc.add_links(FastAPI.openapi(app))
+            document = openapi_doc.add_business_rules(openapi_doc.add_security(document))
+            app.openapi_schema = document
         return app.openapi_schema
 
     app.openapi = document  # type: ignore[method-assign]

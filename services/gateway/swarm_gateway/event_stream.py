@@ -9,15 +9,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Annotated
 
 import nats.errors
-from fastapi import Request
+from fastapi import Header, Request
 from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig, DeliverPolicy
 from sse_starlette.sse import ServerSentEvent
 
 from swarm_gateway.errors import field_error
 from swarm_gateway.state import Gateway
+
+# The header as the document states it: digits only (a stream sequence), so that a value the
+# replay would refuse ("null", "-1") is outside the schema as well; not nullable, since a
+# header has no null (an optional str would be documented as one, and sent as "null").
+LastEventId = Annotated[
+    str,
+    Header(pattern=r"^[0-9]{0,19}$", description="the SSE id of the last event received"),
+]
 
 # How long a stream that saw the final event waits for the record to show it: the writer's
 # next step after its publish, but on a starved machine that has taken more than 5 s. Only a

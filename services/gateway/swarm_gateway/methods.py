@@ -2,6 +2,9 @@
 path (RFC 9110), not those of the first route the router happened to try (``/v1/jobs`` has a
 GET and a POST route: the router's own 405 said ``Allow: POST``).
 
+A concrete path is served by its own operations only, as OpenAPI matches it before a templated
+one: ``/v1/jobs/estimate`` is a POST, not also the GET of ``/v1/jobs/{job_id}``.
+
 The table comes from the OpenAPI document, the public list of operations; paths outside it
 (the dashboard page, ``/metrics``) keep the router's own answers."""
 
@@ -14,7 +17,8 @@ from typing import Any
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-MethodTable = list[tuple[re.Pattern[str], frozenset[str]]]
+# (path pattern, methods, whether the path is concrete: no {parameter} in it)
+MethodTable = list[tuple[re.Pattern[str], frozenset[str], bool]]
 _METHODS = {"get", "put", "post", "delete", "patch", "head", "options", "trace"}
 
 
@@ -27,15 +31,17 @@ def method_table(document: dict[str, Any]) -> MethodTable:
             methods.add("HEAD")
         pattern = re.escape(path)
         pattern = re.sub(r"\\\{[^/]+?\\\}", "[^/]+", pattern)
-        table.append((re.compile(f"^{pattern}$"), frozenset(methods)))
+        table.append((re.compile(f"^{pattern}$"), frozenset(methods), "{" not in path))
     return table
 
 
 def allowed_methods(table: MethodTable, path: str) -> set[str]:
     """Every method some operation serves at ``path`` (empty: not a documented path)."""
     found: set[str] = set()
-    for pattern, methods in table:
+    for pattern, methods, concrete in table:
         if pattern.match(path):
+            if concrete:
+                return set(methods)
             found |= methods
     return found
 

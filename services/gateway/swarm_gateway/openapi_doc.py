@@ -6,6 +6,12 @@ clients and stateful fuzzers (schemathesis) follow.
 The statuses come from a few sources, shared by whole routers: auth (401), validation and the
 up-front checks (422), NATS or a service away (503, ``swarm_gateway.state``), and the services'
 refusals mapped in ``swarm_gateway.errors`` (403, 404, 409, 422, 502).
+
+The request schemas are the validation (pydantic constraints, one source for both): a request
+the document allows is refused only for a rule JSON Schema cannot state (one field against
+another, an uploaded file's content, a cursor this API did not issue). Those rules are listed
+on the operation's 422 (``x-business-rules``), so that a client, and the conformance check
+that schema-valid data is accepted, can tell a business refusal from a loose schema.
 """
 
 from __future__ import annotations
@@ -116,6 +122,60 @@ _LINKS[("/v1/adapters/{name}", "get", "200")] = {
     "AdapterLineage": ("/v1/adapters/{name}/versions/{version}/lineage", "get", _ADAPTER),
     "DownloadAdapter": ("/v1/adapters/{name}/versions/{version}/download", "get", _ADAPTER),
 }
+
+
+_SPEC_RULES = (
+    "`base_model`, `dataset`, `validation` and `from_adapter` must name what the registry "
+    "holds for the caller (an adapter trained on that base model); `lora.target_modules` "
+    "must name modules of the base model; a sweep range's `low` must be below its `high` "
+    "(`low` >= 1 and `step` 1 for a log int range); a sweep's `base.name`, if given, equals "
+    "its `name`; a searched field must be one the trial template has"
+)
+# (path, method) -> what is refused with 422 although the schema allows it.
+BUSINESS_RULES: dict[tuple[str, str], str] = {
+    ("/v1/jobs", "get"): "`cursor` is not a `next_cursor` this API returned",
+    ("/v1/jobs", "post"): _SPEC_RULES,
+    ("/v1/jobs/estimate", "post"): _SPEC_RULES,
+    ("/v1/sweeps", "post"): _SPEC_RULES,
+    ("/v1/datasets", "post"): (
+        "the file must be JSON Lines of at least one example, each {'text'}, "
+        "{'prompt','completion'} or {'messages':[{'role','content'}]}"
+    ),
+    ("/v1/models", "post"): (
+        "the files need unique, plain names, one `config.json` and at least one "
+        "`*.safetensors` weights file"
+    ),
+}
+
+# Every operation that answers 401 takes an API key as a bearer token.
+SECURITY_SCHEME = "apiKey"
+
+
+def add_security(document: dict[str, Any]) -> dict[str, Any]:
+    """``document`` with the API-key scheme, applied to every operation that can answer 401."""
+    components = document.setdefault("components", {})
+    components.setdefault("securitySchemes", {})[SECURITY_SCHEME] = {
+        "type": "http",
+        "scheme": "bearer",
+        "description": "an API key from SWARM_API_KEYS (admin routes: SWARM_ADMIN_KEYS); "
+        "`Authorization: Bearer <key>`",
+    }
+    for item in document["paths"].values():
+        for operation in item.values():
+            if isinstance(operation, dict) and "401" in operation.get("responses", {}):
+                operation["security"] = [{SECURITY_SCHEME: []}]
+    return document
+
+
+def add_business_rules(document: dict[str, Any]) -> dict[str, Any]:
+    """``document`` with each rule above on its operation's 422."""
+    for (path, method), rule in BUSINESS_RULES.items():
+        response = document["paths"].get(path, {}).get(method, {}).get("responses", {}).get("422")
+        if response is None:
+            continue
+        response["description"] = f"{_WHY[422]}; or a business rule: {rule}"
+        response["x-business-rules"] = [rule]
+    return document
 
 
 def add_links(document: dict[str, Any]) -> dict[str, Any]:

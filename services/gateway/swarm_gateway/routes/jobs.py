@@ -30,7 +30,7 @@ from swarm_contracts.registry import GetModel, ModelVersion, continued_spec
 from swarm_contracts.verification import VerifyRequest
 from swarm_gateway.auth import Caller, Principal, Tenant
 from swarm_gateway.errors import field_error
-from swarm_gateway.event_stream import follow, start_sequence
+from swarm_gateway.event_stream import LastEventId, follow, start_sequence
 from swarm_gateway.job_checks import check_base_model, check_datasets, check_parent
 from swarm_gateway.responses import FiniteJSONResponse
 from swarm_gateway.state import Gateway, get_gateway
@@ -166,7 +166,10 @@ async def list_jobs(
     sweep: Annotated[str | None, Query(description="only the trials of this sweep")] = None,
     tenant: Annotated[str | None, Query(description="admins only: one tenant's jobs")] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
-    cursor: str | None = None,
+    # Not nullable: a query string has no null (an optional str is documented as one).
+    cursor: Annotated[
+        str, Query(pattern=r"^[A-Za-z0-9_-]*$", description="`next_cursor` of the page before")
+    ] = "",
 ) -> Response:
     """The caller's jobs; an admin sees every tenant's (or one, with ``tenant``)."""
     if not caller.admin:
@@ -268,7 +271,7 @@ async def job_events(
     request: Request,
     gw: GW,
     caller: Caller,
-    last_event_id: Annotated[str | None, Header(max_length=20)] = None,
+    last_event_id: LastEventId = "",
 ) -> EventSourceResponse:
     """Replays the job's events (SSE id = stream sequence), then follows until it ends.
 

@@ -99,7 +99,12 @@ async def add_model(
     # The base-model catalog is shared by every tenant, so only the operator curates it.
     _admin: Admin,
     name: Annotated[str, Form(pattern=NAME_PATTERN, description="registry model name")],
-    files: Annotated[list[UploadFile], File(description="config.json, *.safetensors, tokenizer")],
+    # At least one in the schema; which files must be there (config.json and weights) is
+    # checked below, with a message naming the missing one, and listed as this operation's 422.
+    files: Annotated[
+        list[UploadFile],
+        File(min_length=1, description="config.json, *.safetensors, tokenizer"),
+    ],
     hf_id: Annotated[
         str | None,
         Form(

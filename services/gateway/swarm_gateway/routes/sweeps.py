@@ -27,7 +27,7 @@ from swarm_contracts.sweeps import (
     sweep_id_for,
 )
 from swarm_gateway.auth import Caller, Principal, Tenant
-from swarm_gateway.event_stream import follow, start_sequence
+from swarm_gateway.event_stream import LastEventId, follow, start_sequence
 from swarm_gateway.job_checks import check_base_model, check_datasets, check_parent
 from swarm_gateway.responses import FiniteJSONResponse
 from swarm_gateway.state import Gateway, get_gateway
@@ -163,7 +163,7 @@ async def sweep_events(
     request: Request,
     gw: GW,
     caller: Caller,
-    last_event_id: Annotated[str | None, Header(max_length=20)] = None,
+    last_event_id: LastEventId = "",
 ) -> EventSourceResponse:
     """Replays the sweep's events (SSE id = stream sequence), then follows until it ends;
     ``Last-Event-ID`` resumes after that event, as for jobs."""

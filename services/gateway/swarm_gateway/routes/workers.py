@@ -10,7 +10,7 @@ import contextlib
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Depends, HTTPException, Path, status
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, StrictBool
 
 from swarm_contracts.inference import InferenceHeartbeat
 from swarm_contracts.jobs import utcnow
@@ -59,7 +59,8 @@ class CordonRequest(BaseModel):
 
 
 class DrainRequest(BaseModel):
-    move_jobs: bool = Field(
+    # Strict: the document says boolean, so 0 or "yes" must not pass as one.
+    move_jobs: StrictBool = Field(
         default=False,
         description="checkpoint the worker's running jobs and move them to other workers now, "
         "instead of letting them finish there",
