@@ -19,6 +19,7 @@ import pytest
 
 from swarm_contracts.envelope import envelope
 from swarm_contracts.replies import Reply
+from swarm_contracts.subjects import Subjects
 from swarm_contracts.workers import Heartbeat, Resources, WorkerBenchmark
 from swarm_gateway import create_app
 from swarm_runtime.settings import Settings
@@ -88,7 +89,13 @@ async def connect(url: str, service: str) -> tuple[nats.NATS, list[str]]:
         errors.append(str(exc))
 
     nc = await nats.connect(
-        url, user=service, password=password(service), error_cb=on_error, allow_reconnect=False
+        url,
+        user=service,
+        password=password(service),
+        error_cb=on_error,
+        allow_reconnect=False,
+        # Each service may subscribe under its own inbox prefix only.
+        inbox_prefix=Subjects.service_inbox(service),
     )
     return nc, errors
 

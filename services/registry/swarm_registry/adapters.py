@@ -68,15 +68,28 @@ class AdapterCatalog:
         self.jobs = jobs
         self.aliases = AliasBook(kv, self.versions, promoted)
 
-    async def _fence(self, job_id: str, attempt: int, token: str | None) -> None:
-        """Refuse a worker whose attempt is no longer the job's current one.
+    async def _fence(
+        self, job_id: str, attempt: int, token: str | None, worker_id: str | None
+    ) -> None:
+        """Refuse a worker whose attempt is no longer the job's current one, or not its own.
 
         A worker that lost its lease (its job was requeued and placed elsewhere) may still
         finish and ask to register: only the current attempt may make a version. A job with
-        no record is allowed (registrations made outside the scheduler, e.g. imports and
-        tests); the record, when there is one, is the authority.
+        no record is allowed only for a trusted service (``worker_id`` None: imports and
+        tests); the record, when there is one, is the authority. A worker (``worker_id``, the
+        sender as its subject names it) registers only for the attempt the record gives it.
         """
         found = await self.jobs.get(job_id)
+        if worker_id is not None and found is None:
+            raise RegistryError(
+                f"no job {job_id!r}: worker {worker_id!r} has nothing to register", "forbidden"
+            )
+        if worker_id is not None and found is not None and found[0].worker_id != worker_id:
+            raise RegistryError(
+                f"job {job_id!r} attempt {attempt} is not worker {worker_id!r}'s: "
+                "no adapter registered",
+                "forbidden",
+            )
         if found is not None and found[0].attempt != attempt:
             raise RegistryError(
                 f"stale attempt: job {job_id!r} is at attempt {found[0].attempt}, "
@@ -122,13 +135,19 @@ class AdapterCatalog:
                 continue
         raise RegistryError(f"job {job_id!r}: could not claim an adapter version", "conflict")
 
-    async def register(self, request: RegisterAdapter) -> AdapterVersion:
+    async def register(
+        self, request: RegisterAdapter, worker_id: str | None = None
+    ) -> AdapterVersion:
+        """Register a job's adapter. ``worker_id``: the worker that asked, from the subject of
+        its request (None: a trusted service, e.g. an import)."""
         check_name(request.name, "adapter name")
         tenant = check_name(request.lineage.tenant, "tenant")
         job_index_key(request.lineage.job_id)
         if request.lineage.parent is not None:
             check_ref(request.lineage.parent)
-        await self._fence(request.lineage.job_id, request.lineage.attempt, request.attempt_token)
+        await self._fence(
+            request.lineage.job_id, request.lineage.attempt, request.attempt_token, worker_id
+        )
         # Refuse bad input before reserving a version, so a rejected request claims nothing.
         source = await asyncio.to_thread(check_source, self.store, request.store_key)
         key_name, version = await self._claim(request.lineage.job_id, scoped(tenant, request.name))

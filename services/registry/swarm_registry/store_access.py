@@ -45,7 +45,9 @@ class StoreSigner:
         self.jobs = jobs
         self.datasets = datasets
 
-    async def access(self, request: StoreAccess) -> StoreGrant:
+    async def access(self, request: StoreAccess, worker_id: str) -> StoreGrant:
+        """Grant one operation to ``worker_id`` (the sender, from its request's subject) if it
+        holds the job's current attempt and the key is in that attempt's scope."""
         if not isinstance(self.store, S3Store):
             raise RegistryError(
                 "scoped store access needs an S3 store (this registry's is "
@@ -57,7 +59,7 @@ class StoreSigner:
             validate_key(request.key, prefix=request.op == "list")
         except InvalidKey as exc:
             raise RegistryError(str(exc), "invalid") from exc
-        record = await self._current(request)
+        record = await self._current(request, worker_id)
         datasets = await self._dataset_keys(record)
         if not job_scope(record, datasets).allows(request.op, request.key):
             raise RegistryError(
@@ -83,7 +85,7 @@ class StoreSigner:
             expires_at=utcnow() + URL_LIFETIME,
         )
 
-    async def _current(self, request: StoreAccess) -> JobRecord:
+    async def _current(self, request: StoreAccess, worker_id: str) -> JobRecord:
         """The job's record, if the asker holds its current, active attempt.
 
         Unlike registrations, a job without a record gets nothing: without one there is no
@@ -98,6 +100,12 @@ class StoreSigner:
                 f"stale attempt: job {request.job_id!r} is at attempt {record.attempt} "
                 f"({record.state}), not {request.attempt}: no store access",
                 "conflict",
+            )
+        if record.worker_id != worker_id:
+            raise RegistryError(
+                f"job {request.job_id!r} attempt {request.attempt} is not worker "
+                f"{worker_id!r}'s: no store access",
+                "forbidden",
             )
         if record.attempt_token_sha256 is None or not token_matches(
             record.attempt_token_sha256, request.attempt_token
