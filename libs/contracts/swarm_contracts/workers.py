@@ -8,7 +8,7 @@ from typing import Literal
 from pydantic import BaseModel, Field, model_validator
 
 from swarm_contracts.datasets import DatasetInfo
-from swarm_contracts.jobs import JobSpec, JobState, ModelRef, ParentAdapter, utcnow
+from swarm_contracts.jobs import JobRecord, JobSpec, JobState, ModelRef, ParentAdapter, utcnow
 from swarm_contracts.verification import VerifyTarget
 
 
@@ -145,6 +145,25 @@ class AttemptStatus(BaseModel):
     # The record's state, when ``holds`` (assigned or running); else None.
     state: JobState | None = None
     cancel_requested: bool = False
+
+    @classmethod
+    def of(cls, record: JobRecord | None, query: AttemptQuery, worker_id: str) -> AttemptStatus:
+        """What ``record`` (None: no such job) says to ``worker_id`` about ``query``."""
+        holds = (
+            record is not None
+            and record.attempt == query.attempt
+            and record.worker_id == worker_id
+            and record.state in (JobState.assigned, JobState.running)
+        )
+        if record is None or not holds:
+            return cls(job_id=query.job_id, attempt=query.attempt, holds=False)
+        return cls(
+            job_id=query.job_id,
+            attempt=query.attempt,
+            holds=True,
+            state=record.state,
+            cancel_requested=record.cancel_requested,
+        )
 
 
 class WorkerInfo(BaseModel):

@@ -84,17 +84,17 @@ class AdapterCatalog:
             raise RegistryError(
                 f"no job {job_id!r}: worker {worker_id!r} has nothing to register", "forbidden"
             )
-        if worker_id is not None and found is not None and found[0].worker_id != worker_id:
-            raise RegistryError(
-                f"job {job_id!r} attempt {attempt} is not worker {worker_id!r}'s: "
-                "no adapter registered",
-                "forbidden",
-            )
         if found is not None and found[0].attempt != attempt:
             raise RegistryError(
                 f"stale attempt: job {job_id!r} is at attempt {found[0].attempt}, "
                 f"not {attempt}; this worker's result is not registered",
                 "conflict",
+            )
+        if worker_id is not None and found is not None and found[0].worker_id != worker_id:
+            raise RegistryError(
+                f"job {job_id!r} attempt {attempt} is not worker {worker_id!r}'s: "
+                "no adapter registered",
+                "forbidden",
             )
         if found is not None and not token_matches(found[0].attempt_token_sha256, token):
             raise RegistryError(

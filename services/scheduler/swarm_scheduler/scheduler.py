@@ -377,21 +377,7 @@ class Scheduler:
         record = self.view.open.get(query.job_id)
         if record is None and not self.view.finished(query.job_id):
             record = await self.view.read(query.job_id)
-        holds = (
-            record is not None
-            and record.attempt == query.attempt
-            and record.worker_id == worker_id
-            and record.state in (JobState.assigned, JobState.running)
-        )
-        if record is None or not holds:
-            return AttemptStatus(job_id=query.job_id, attempt=query.attempt, holds=False)
-        return AttemptStatus(
-            job_id=query.job_id,
-            attempt=query.attempt,
-            holds=True,
-            state=record.state,
-            cancel_requested=record.cancel_requested,
-        )
+        return AttemptStatus.of(record, query, worker_id)
 
     # --- workers ---------------------------------------------------------------------------
 

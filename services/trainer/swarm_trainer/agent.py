@@ -45,7 +45,7 @@ from swarm_contracts.events import (
     Succeeded,
     Validated,
 )
-from swarm_contracts.jobs import AdapterRef, JobState, utcnow
+from swarm_contracts.jobs import AdapterRef, JobRecord, JobState, utcnow
 from swarm_contracts.layout import CHECKPOINTS_KEPT
 from swarm_contracts.providers import read_credentials
 from swarm_contracts.registry import AdapterVersion, Lineage, RegisterAdapter
@@ -67,11 +67,12 @@ from swarm_contracts.workers import (
     parse_labels,
 )
 from swarm_runtime.broker import publish_job_event
+from swarm_runtime.records import RecordTable
 from swarm_runtime.rpc import Refused, ServiceClient, Unavailable
 from swarm_runtime.settings import Settings
 from swarm_runtime.store import ObjectStore, is_unreachable, open_store
 from swarm_runtime.tasks import cancel_and_wait
-from swarm_runtime.topology import ensure_topology
+from swarm_runtime.topology import ensure_topology, kv_bucket
 from swarm_trainer import reports
 from swarm_trainer.benchmark import run_benchmark
 from swarm_trainer.cache import CacheSettings
@@ -165,6 +166,8 @@ class TrainerAgent:
         # The ranks fill it (on this machine); heartbeats say which base models it holds.
         self.cache = CacheSettings.of(settings).open()
         self.active: dict[str, ActiveJob] = {}
+        # The job records (the cluster's own agents only: ``_status``).
+        self.jobs: RecordTable[JobRecord] | None = None
         # "leaving" from the moment it is asked to stop: no new jobs, running ones handed back.
         self.state: HeartbeatState = "alive"
         self._heartbeat_task: asyncio.Task[None] | None = None
@@ -190,11 +193,13 @@ class TrainerAgent:
     async def prepare(self) -> None:
         """Before the subscribers start: the streams they bind to must exist."""
         await self.broker.connect()
+        js = self.broker.connection.jetstream()
+        # Whether an attempt is still ours (``_status``): the cluster's own agents read the job
+        # record; a provider may read no records (nor create or change streams: the cluster's
+        # services did) and asks the scheduler instead.
         if self.provider is None:
-            # A provider may not create or change streams: the cluster's services did.
-            js = self.broker.connection.jetstream()
             await ensure_topology(js, self.subjects, self.settings.js_replicas)
-        # No job records: whether an attempt is still ours, the scheduler says (``_status``).
+            self.jobs = RecordTable(await kv_bucket(js, self.subjects, "jobs"), JobRecord)
         self.scheduler = ServiceClient(
             self.broker.connection,
             "scheduler",
@@ -608,10 +613,14 @@ class TrainerAgent:
         await self._request_cancel(active, "superseded by the scheduler")
 
     async def _status(self, job: Assignment) -> AttemptStatus:
-        """Whether this worker still holds ``job``'s attempt, as the scheduler's records say
-        (asked on this worker's own subject: a provider reads no job records itself)."""
+        """Whether this worker still holds ``job``'s attempt, as the job record says: read by
+        the cluster's own agents, asked of the scheduler (on this worker's own subject) by a
+        provider's, which may read no job records."""
         query = AttemptQuery(job_id=job.job_id, attempt=job.attempt)
-        return await self.scheduler.call("attempt", query, AttemptStatus)
+        if self.jobs is None:
+            return await self.scheduler.call("attempt", query, AttemptStatus)
+        found = await self.jobs.get(job.job_id)
+        return AttemptStatus.of(found[0] if found else None, query, self.worker_id)
 
     async def _on_report(self, active: ActiveJob, report: reports.Report) -> None:
         """Every report feeds the trace and the metrics; progress, evaluations and committed
