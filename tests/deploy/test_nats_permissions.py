@@ -100,6 +100,14 @@ async def connect(url: str, service: str) -> tuple[nats.NATS, list[str]]:
     return nc, errors
 
 
+async def refused_subscription(nc: nats.NATS, errors: list[str], subject: str) -> bool:
+    await nc.subscribe(subject)
+    await nc.flush()
+    await asyncio.sleep(0.2)  # the server's -ERR arrives asynchronously
+    expected = f'permissions violation for subscription to "{subject.lower()}"'
+    return any(expected in e.lower() for e in errors)
+
+
 async def denied(nc: nats.NATS, errors: list[str], subject: str) -> bool:
     await nc.publish(subject, b"{}")
     await nc.flush()
@@ -240,6 +248,12 @@ async def test_services_work_and_are_fenced(secured_nats: str, tmp_path: Path) -
             assert await denied(trainer, trainer_errors, "swarm.jobs.submit")
             assert await denied(trainer, trainer_errors, "swarm.workers.w2.assign")
             assert await denied(trainer, trainer_errors, f"$KV.swarm_jobs.{job_id}")
+            # A worker's events go on its own subject, to the scheduler; never the public one.
+            assert await denied(trainer, trainer_errors, f"swarm.jobs.{job_id}.events.failed")
+            # No service hears another identity's replies, deliveries or KV watches.
+            for nc, errors in ((gateway, gateway_errors), (trainer, trainer_errors)):
+                for inbox in ("_INBOX.>", "_INBOX.svc.scheduler.>", "_INBOX.worker.a.>"):
+                    assert await refused_subscription(nc, errors, inbox), inbox
             # ...while an allowed subject raises nothing.
             before = len(trainer_errors)
             await trainer.publish("swarm.workers.w1.heartbeat", b"{}")
