@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import hashlib
 import logging
 import secrets
 import time
@@ -329,8 +330,11 @@ class Scheduler:
         )
 
     async def _publish_accepted(self, event: AnyJobEvent, msg_id: str | None) -> None:
-        # The worker's message id, apart from the scheduler's own ids (job.attempt.event).
-        msg = f"worker.{msg_id}" if msg_id else None
+        # Derived from the worker's message id (a retried publish, or a redelivery to us, is
+        # stored once), apart from the scheduler's own ids (job.attempt.event), and hashed:
+        # the worker's id is made from its attempt token, which readers of the public stream
+        # have no business computing anything from.
+        msg = f"worker.{hashlib.sha256(msg_id.encode()).hexdigest()[:32]}" if msg_id else None
         await publish_job_event(self.broker, self.subjects, SERVICE, event, msg_id=msg)
 
     async def verify(self, job_id: str) -> None:

@@ -47,7 +47,7 @@ from swarm_contracts.events import (
 )
 from swarm_contracts.jobs import AdapterRef, JobRecord, JobState, utcnow
 from swarm_contracts.layout import CHECKPOINTS_KEPT
-from swarm_contracts.providers import read_credentials
+from swarm_contracts.providers import read_credentials, token_digest
 from swarm_contracts.registry import AdapterVersion, Lineage, RegisterAdapter
 from swarm_contracts.subjects import Subjects
 from swarm_contracts.verification import ReplayReport
@@ -416,12 +416,16 @@ class TrainerAgent:
         active = self.active.get(event.job_id)
         # The attempt's token proves to the scheduler that the event is this worker's.
         token = active.job.attempt_token if active and active.job.attempt == event.attempt else None
+        # The workers' events stream de-duplicates by message id across all workers: an id
+        # that only the attempt's holder can compute, so that no other worker can take it
+        # first and have this event dropped as a duplicate.
+        proof = token_digest(token)[:16] if token else "none"
         await publish_job_event(
             self.broker,
             self.subjects,
             SERVICE,
             event,
-            msg_id=f"{event.job_id}.{event.attempt}.{event.event}.{step}",
+            msg_id=f"{event.job_id}.{event.attempt}.{event.event}.{step}.{proof}",
             attempt_token=token,
             worker_id=self.worker_id,
         )
