@@ -90,6 +90,8 @@ def _fence(
     sender as its subject names it; None only for callers that checked the sender already."""
     if record is None:
         return "no such job"
+    if record.state.terminal:
+        return "the job has ended"
     if is_stale(record, event):
         return f"stale attempt (the job is at attempt {record.attempt})"
     if worker_id is not None and record.worker_id != worker_id:
