@@ -121,13 +121,17 @@ async def test_services_work_and_are_fenced(secured_nats: str, tmp_path: Path) -
     from swarm_registry.app import build_app as build_registry
     from swarm_scheduler.app import build_app as build_scheduler
     from swarm_sweeps.app import build_app as build_sweeps
+    from swarm_telemetry.app import build_app as build_telemetry
 
     with pytest.raises(nats.errors.Error):
         await nats.connect(secured_nats, user="gateway", password="wrong", allow_reconnect=False)
 
     gw_settings = as_service(secured_nats, "gateway", tmp_path)
     app = create_app(gw_settings, submit_wait_s=5.0, request_timeout_s=5.0)
+    # Telemetry replays the events stream through an ordered consumer (its own inbox).
+    telemetry = build_telemetry(as_service(secured_nats, "telemetry", tmp_path))
     async with (
+        telemetry.app,
         build_registry(as_service(secured_nats, "registry", tmp_path)),
         build_scheduler(as_service(secured_nats, "scheduler", tmp_path)),
         build_sweeps(as_service(secured_nats, "sweeps", tmp_path)),
@@ -146,6 +150,12 @@ async def test_services_work_and_are_fenced(secured_nats: str, tmp_path: Path) -
         assert job.status_code == 201, job.text
         assert job.json()["state"] == "queued", job.text
         job_id = job.json()["job_id"]
+        # Scheduler -> telemetry: the job's events (here `queued`) reach it, as its own user.
+        for _ in range(100):
+            if telemetry.series.get(job_id) is not None:
+                break
+            await asyncio.sleep(0.1)
+        assert telemetry.series.get(job_id) is not None
 
         # Gateway -> sweeps (submit stream) -> scheduler: the sweep's trials are queued jobs.
         search = {"training.lr": {"type": "log_uniform", "low": 1e-4, "high": 1e-2}}
