@@ -33,6 +33,23 @@ def test_contract_names_with_empty_namespace() -> None:
     assert s.inference_heartbeat("i1") == "swarm.inference.workers.i1.heartbeat"
     assert s.inference_heartbeat() == "swarm.inference.workers.*.heartbeat"
     assert s.inference_cancel("r1") == "swarm.inference.requests.r1.cancel"
+    # A worker's own subjects: the sender is in the subject.
+    assert s.worker_event("w1", "job-1", "started") == "swarm.workers.w1.events.job-1.started"
+    assert s.worker_event() == "swarm.workers.*.events.*.*"
+    assert s.worker_registry("store.access", "w1") == "swarm.workers.w1.registry.store.access"
+    assert s.worker_registry("adapters.register") == "swarm.workers.*.registry.adapters.register"
+    assert s.worker_attempt("w1") == "swarm.workers.w1.attempt"
+    assert s.worker_events_stream == "SWARM_WORKER_EVENTS"
+    assert Subjects.service_inbox("gateway") == "_INBOX.svc.gateway"
+    assert Subjects.worker_inbox("acme") == "_INBOX.worker.acme"
+
+
+def test_the_sender_of_a_worker_subject() -> None:
+    for s in (Subjects(), Subjects("abc")):
+        assert Subjects.worker_of(s.worker_event("w1", "job-1", "failed")) == "w1"
+        assert Subjects.worker_of(s.worker_registry("store.access", "acme")) == "acme"
+        assert Subjects.worker_of(s.heartbeat("w-2")) == "w-2"
+        assert Subjects.worker_of(s.job_event("job-1", "failed")) is None
 
 
 def test_contract_stream_and_bucket_names() -> None:

@@ -17,6 +17,7 @@ import pytest
 
 from swarm_contracts.envelope import envelope
 from swarm_contracts.replies import Reply
+from swarm_contracts.subjects import Subjects
 from swarm_contracts.workers import Heartbeat, Resources, WorkerBenchmark
 from swarm_gateway import create_app
 from swarm_runtime.settings import Settings
@@ -81,9 +82,23 @@ async def connect(url: str, service: str) -> tuple[nats.NATS, list[str]]:
         errors.append(str(exc))
 
     nc = await nats.connect(
-        url, user=service, password=password(service), error_cb=on_error, allow_reconnect=False
+        url,
+        user=service,
+        password=password(service),
+        error_cb=on_error,
+        allow_reconnect=False,
+        # Each service may subscribe under its own inbox prefix only.
+        inbox_prefix=Subjects.service_inbox(service),
     )
     return nc, errors
+
+
+async def refused_subscription(nc: nats.NATS, errors: list[str], subject: str) -> bool:
+    await nc.subscribe(subject)
+    await nc.flush()
+    await asyncio.sleep(0.2)  # the server's -ERR arrives asynchronously
+    expected = f'permissions violation for subscription to "{subject.lower()}"'
+    return any(expected in e.lower() for e in errors)
 
 
 async def denied(nc: nats.NATS, errors: list[str], subject: str) -> bool:
@@ -99,13 +114,17 @@ async def test_services_work_and_are_fenced(secured_nats: str, tmp_path: Path) -
     from swarm_registry.app import build_app as build_registry
     from swarm_scheduler.app import build_app as build_scheduler
     from swarm_sweeps.app import build_app as build_sweeps
+    from swarm_telemetry.app import build_app as build_telemetry
 
     with pytest.raises(nats.errors.Error):
         await nats.connect(secured_nats, user="gateway", password="wrong", allow_reconnect=False)
 
     gw_settings = as_service(secured_nats, "gateway", tmp_path)
     app = create_app(gw_settings, submit_wait_s=5.0, request_timeout_s=5.0)
+    # Telemetry replays the events stream through an ordered consumer (its own inbox).
+    telemetry = build_telemetry(as_service(secured_nats, "telemetry", tmp_path))
     async with (
+        telemetry.app,
         build_registry(as_service(secured_nats, "registry", tmp_path)),
         build_scheduler(as_service(secured_nats, "scheduler", tmp_path)),
         build_sweeps(as_service(secured_nats, "sweeps", tmp_path)),
@@ -124,6 +143,12 @@ async def test_services_work_and_are_fenced(secured_nats: str, tmp_path: Path) -
         assert job.status_code == 201, job.text
         assert job.json()["state"] == "queued", job.text
         job_id = job.json()["job_id"]
+        # Scheduler -> telemetry: the job's events (here `queued`) reach it, as its own user.
+        for _ in range(100):
+            if telemetry.series.get(job_id) is not None:
+                break
+            await asyncio.sleep(0.1)
+        assert telemetry.series.get(job_id) is not None
 
         # Gateway -> sweeps (submit stream) -> scheduler: the sweep's trials are queued jobs.
         search = {"training.lr": {"type": "log_uniform", "low": 1e-4, "high": 1e-2}}
@@ -226,6 +251,12 @@ async def test_services_work_and_are_fenced(secured_nats: str, tmp_path: Path) -
             assert await denied(trainer, trainer_errors, "swarm.jobs.submit")
             assert await denied(trainer, trainer_errors, "swarm.workers.w2.assign")
             assert await denied(trainer, trainer_errors, f"$KV.swarm_jobs.{job_id}")
+            # A worker's events go on its own subject, to the scheduler; never the public one.
+            assert await denied(trainer, trainer_errors, f"swarm.jobs.{job_id}.events.failed")
+            # No service hears another identity's replies, deliveries or KV watches.
+            for nc, errors in ((gateway, gateway_errors), (trainer, trainer_errors)):
+                for inbox in ("_INBOX.>", "_INBOX.svc.scheduler.>", "_INBOX.worker.a.>"):
+                    assert await refused_subscription(nc, errors, inbox), inbox
             # ...while an allowed subject raises nothing.
             before = len(trainer_errors)
             await trainer.publish("swarm.workers.w1.heartbeat", b"{}")

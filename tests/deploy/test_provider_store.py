@@ -138,7 +138,11 @@ async def test_a_provider_cannot_fetch_a_dataset_it_was_not_assigned(
 
     def as_a(job: Assignment, token: str) -> SignedStore:
         access = SignedAccess(
-            nats=worker, job_id=job.job_id, attempt=job.attempt, attempt_token=SecretStr(token)
+            nats=worker,
+            job_id=job.job_id,
+            attempt=job.attempt,
+            attempt_token=SecretStr(token),
+            worker_id="a",  # a asks on its own subject: NATS lets it use no other
         )
         return SignedStore(access)
 
@@ -159,6 +163,8 @@ async def test_a_provider_cannot_fetch_a_dataset_it_was_not_assigned(
             lambda: as_a(theirs, "guessed").get_bytes(their_dataset),
             lambda: as_a(theirs, mine.attempt_token or "").get_bytes(their_dataset),
             lambda: as_a(theirs, "").get_bytes(their_dataset),
+            # Even with b's own token (sniffed, say): the attempt is not a's.
+            lambda: as_a(theirs, theirs.attempt_token or "").get_bytes(their_dataset),
         ]
         for attempt in attempts:
             with pytest.raises(StoreAccessRefused) as refused:

@@ -5,6 +5,7 @@ a job event only from the worker that holds the job's current attempt."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -54,6 +55,8 @@ class Providers:
             nkeys_seed_str=self.creds[name].nkey_seed,
             error_cb=on_error,
             allow_reconnect=False,
+            # A provider may subscribe under its own inbox prefix only.
+            inbox_prefix=Subjects.worker_inbox(name),
         )
         return nc, errors
 
@@ -111,13 +114,24 @@ async def test_provider_uses_only_its_own_worker_subjects(providers: Providers) 
             await js.add_consumer(
                 S.assign_stream, ConsumerConfig(durable_name=consumer_name("a")), timeout=1
             )
-        # Nor every job's events or cancels, nor another worker's cancels.
-        for subject in (S.job_event(), S.cancel(), S.worker_cancel("b")):
+        # Nor every job's events or cancels, nor another worker's cancels, nor anyone's
+        # inbox but its own.
+        for subject in (
+            S.job_event(),
+            S.cancel(),
+            S.worker_cancel("b"),
+            "_INBOX.>",
+            f"{Subjects.worker_inbox('b')}.>",
+            f"{Subjects.service_inbox('scheduler')}.>",
+        ):
             await a.subscribe(subject)
             assert await violated(errors, "subscription", subject)
         # It cannot speak for another worker, submit, write a bucket or manage streams.
         for subject in (
             S.heartbeat("b"),
+            S.worker_event("b", "job-1", "failed"),
+            S.worker_registry("store.access", "b"),
+            S.job_event("job-1", "failed"),
             S.assign("a"),
             S.submit,
             "$KV.swarm_jobs.job-1",
@@ -232,15 +246,15 @@ async def test_scheduler_applies_events_only_from_the_attempts_worker(
         record = await wait_record(jobs, job_id, lambda r: r.state == JobState.assigned)
         assert (record.worker_id, record.attempt) == ("b", 1)
 
-        # Provider a reports on b's attempt: with no token, with a made-up one, and as b's
-        # heartbeat on its own subject. None of it reaches the job record.
+        # Provider a reports on b's attempt, on its own subject (the only one it may use):
+        # with no token, with a made-up one. None of it reaches the job record.
         for headers in ({}, {ATTEMPT_TOKEN_HEADER: "guessed"}):
             for event in (
                 Started(job_id=job_id, attempt=1, worker_id="a"),
                 Failed(job_id=job_id, attempt=1, reason="forged"),
             ):
                 await a.jetstream().publish(
-                    S.job_event(job_id, event.event),
+                    S.worker_event("a", job_id, event.event),
                     envelope("trainer", event.event, event).model_dump_json().encode(),
                     headers=headers,
                 )
@@ -259,12 +273,24 @@ async def test_scheduler_applies_events_only_from_the_attempts_worker(
         assert assignment.attempt_token
         started = Started(job_id=job_id, attempt=1, worker_id="b")
         await b.jetstream().publish(
-            S.job_event(job_id, "started"),
+            S.worker_event("b", job_id, "started"),
             envelope("trainer", "started", started).model_dump_json().encode(),
             headers={ATTEMPT_TOKEN_HEADER: assignment.attempt_token},
         )
         await wait_record(jobs, job_id, lambda r: r.state == JobState.running)
         assert a_errors + b_errors == []  # all of the above was permitted
+        # Only b's event reached the public events stream (the scheduler published it).
+        public = await scheduler.jetstream().subscribe(
+            S.job_event(job_id, "*"), ordered_consumer=True
+        )
+        seen = []
+        with contextlib.suppress(nats.errors.TimeoutError):
+            while True:
+                msg = await public.next_msg(timeout=1)
+                seen.append((msg.subject.rsplit(".", 1)[1], json.loads(msg.data)["data"]))
+        await public.unsubscribe()
+        assert [e for e, _ in seen] == ["queued", "assigned", "started"]
+        assert seen[-1][1]["worker_id"] == "b"
     finally:
         for nc in (scheduler, a, b):
             await nc.close()

@@ -3,6 +3,7 @@ job's tenant, under the job's adapter name, from the attempt's own output prefix
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import nats
@@ -202,3 +203,31 @@ def test_a_known_sender_must_be_the_attempt_s_worker() -> None:
     with pytest.raises(RegistryError, match="no job 'job-s'"):
         check_registration(registration, None, "prov")
     check_registration(registration, None, None)
+
+
+async def test_a_worker_registers_only_for_the_attempt_it_holds(
+    client: Any, store: ObjectStore, model_files: Any, settings: Settings
+) -> None:
+    """On a worker's own subject (``swarm.workers.<id>.registry.adapters.register``, which
+    NATS lets only that worker use) the registry knows who asks: another worker is refused
+    even with the attempt's token (sniffed, say), and so is a job that has no record."""
+    token = "the-assignments-token"
+    await put_job(settings, "job-w", attempt=1, token=token, worker_id="w1")
+    key = upload_output(store, "job-w", model_files)
+    request = {"name": "bot", "store_key": key, "lineage": lineage("job-w", attempt=1)}
+    request |= {"attempt_token": token}
+
+    async def as_worker(worker: str, body: dict[str, Any]) -> dict[str, Any]:
+        subject = client.subjects.worker_registry("adapters.register", worker)
+        msg = await client.nc.request(subject, json.dumps(body).encode(), timeout=10)
+        return json.loads(msg.data)
+
+    refused = await as_worker("w2", request)
+    assert refused["code"] == "forbidden", refused
+    assert "not worker 'w2''s" in refused["error"]
+    orphan = {"name": "bot", "store_key": key, "lineage": lineage("job-none", attempt=1)}
+    refused = await as_worker("w1", orphan | {"attempt_token": token})
+    assert refused["code"] == "forbidden", refused
+    assert store.list("adapters/") == []
+    ok = await as_worker("w1", request)
+    assert ok["ok"], ok

@@ -111,7 +111,13 @@ class Signer:
         self.nc, self.subjects = nc, subjects
 
     async def ask(
-        self, op: str, key: str, job_id: str = "job-a", attempt: int = 2, token: str = "token-a"
+        self,
+        op: str,
+        key: str,
+        job_id: str = "job-a",
+        attempt: int = 2,
+        token: str = "token-a",
+        worker: str = "w",
     ) -> dict[str, Any]:
         request = {
             "job_id": job_id,
@@ -121,7 +127,10 @@ class Signer:
             "key": key,
         }
         msg = await self.nc.request(
-            self.subjects.registry("store.access"), json.dumps(request).encode(), timeout=10
+            # On the asking worker's own subject, as its NATS permissions allow.
+            self.subjects.worker_registry("store.access", worker),
+            json.dumps(request).encode(),
+            timeout=10,
         )
         return json.loads(msg.data)
 
@@ -212,6 +221,11 @@ async def test_wrong_stale_and_foreign_requests_are_refused(
     assert "stale attempt" in stale["error"]
     unknown = await ask.ask("get", dataset, job_id="job-zzz")
     assert unknown["code"] == "forbidden"
+    # Another worker, even with the attempt's token (sniffed, say): the sender is the
+    # worker its subject names, and the attempt is worker w's.
+    foreign = await ask.ask("get", dataset, worker="w-other")
+    assert foreign["code"] == "forbidden", foreign
+    assert "not worker 'w-other''s" in foreign["error"]
 
     # Job a's worker, with its own valid token, asking for job b's keys or anything else.
     for op, key in (
@@ -264,9 +278,10 @@ async def test_an_ended_job_gets_nothing(signer: tuple[Signer, S3Store, Jobs]) -
 
 
 async def test_a_local_store_grants_nothing(client: Any) -> None:
-    reply = await client.call(
-        "store.access",
-        {"job_id": "job-a", "attempt": 1, "attempt_token": "t", "op": "get", "key": "x/y"},
+    request = {"job_id": "job-a", "attempt": 1, "attempt_token": "t", "op": "get", "key": "x/y"}
+    msg = await client.nc.request(
+        client.subjects.worker_registry("store.access", "w"), json.dumps(request).encode(), 10
     )
+    reply = json.loads(msg.data)
     assert reply["code"] == "invalid"
     assert "needs an S3 store" in reply["error"]

@@ -181,12 +181,12 @@ def test_a_client_certificate_needs_its_key() -> None:
 PROVIDER_PERMISSIONS = """
       permissions: {
         publish: {
-          allow: ["swarm.workers.acme-1.heartbeat", "swarm.jobs.*.events.*",
-                  "swarm.registry.adapters.register",
+          allow: ["swarm.workers.acme-1.heartbeat", "swarm.workers.acme-1.events.*.*",
+                  "swarm.workers.acme-1.registry.>", "swarm.workers.acme-1.attempt",
                   "$JS.hub.API.>", "$JS.ACK.>", "$JS.FC.>"]
           deny:  ["$JS.hub.API.$KV.>", "$JS.hub.API.$OBJ.>"]
         }
-        subscribe: { allow: ["_INBOX.>", "swarm.workers.acme-1.>", "swarm.jobs.*.cancel"] }
+        subscribe: { allow: ["_INBOX.worker.acme-1.>", "swarm.workers.acme-1.>"] }
         allow_responses: true
       }
 """
@@ -226,7 +226,7 @@ async def test_a_provider_joins_through_a_leaf_node_over_tls(tmp_path: Path) -> 
         for leaf_url in _server(leaf_conf):
             hub = await nats.connect(hub_url, user="hub", password="hub-pw")
             # The provider's agent talks to its local leaf, without credentials of the hub's.
-            agent = await nats.connect(leaf_url)
+            agent = await nats.connect(leaf_url, inbox_prefix="_INBOX.worker.acme-1")
             try:
                 await _crossing(hub, agent)
                 await _jetstream_through_the_leaf(hub, agent)
@@ -267,16 +267,15 @@ async def _crossing(hub: nats.NATS, agent: nats.NATS) -> None:
 
 async def _jetstream_through_the_leaf(hub: nats.NATS, agent: nats.NATS) -> None:
     """The leaf runs no JetStream: its clients' JetStream calls go to the hub's domain, as a
-    Swarm agent's do (streams, its job records, pull consumers), but no bucket write."""
+    Swarm agent's do (its events, pull consumers), but no bucket write."""
     hub_js = hub.jetstream()
-    await hub_js.add_stream(name="SWARM_EVENTS", subjects=["swarm.jobs.*.events.*"])
+    await hub_js.add_stream(name="SWARM_WORKER_EVENTS", subjects=["swarm.workers.*.events.*.*"])
     jobs = await hub_js.create_key_value(bucket="swarm_jobs")
     await jobs.put("job-1", b"record")
     js = agent.jetstream()
-    ack = await js.publish("swarm.jobs.job-1.events.started", b"{}")
-    assert (ack.stream, ack.seq) == ("SWARM_EVENTS", 1)
-    entry = await (await js.key_value("swarm_jobs")).get("job-1")
-    assert entry.value == b"record"
+    # Its own worker's events, acknowledged by the hub on the agent's own inbox.
+    ack = await js.publish("swarm.workers.acme-1.events.job-1.started", b"{}")
+    assert (ack.stream, ack.seq) == ("SWARM_WORKER_EVENTS", 1)
     forging = await agent.jetstream(timeout=1).key_value("swarm_jobs")
     refusals = (nats.errors.TimeoutError, nats.errors.NoRespondersError, NoStreamResponseError)
     with pytest.raises(refusals):  # the hub never hears of it

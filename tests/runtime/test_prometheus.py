@@ -33,6 +33,17 @@ JOB_ID = re.compile(r"job-[0-9a-f]{8,}")
         ("swarm.sweeps.sweep-0123abcd.events.created", "swarm.sweeps.{sweep}.events.created"),
         ("swarm.sweeps.sweep-0123abcd.cancel", "swarm.sweeps.{sweep}.cancel"),
         ("_INBOX.Xy12.34", "_INBOX"),
+        ("_INBOX.svc.gateway.Xy12.34", "_INBOX"),
+        # A worker's own subjects: its id and its jobs' are no label values either.
+        (
+            "swarm.workers.gpu-box-1.events.job-0123abcd.progress",
+            "swarm.workers.{worker}.events.{job}.progress",
+        ),
+        (
+            "swarm.workers.gpu-box-1.registry.store.access",
+            "swarm.workers.{worker}.registry.store.access",
+        ),
+        ("swarm.workers.gpu-box-1.attempt", "swarm.workers.{worker}.attempt"),
         ("swarm.inference.requests.a1b2c3-1.cancel", "swarm.inference.requests.{request}.cancel"),
         ("swarm.inference.workers.gpu-1.heartbeat", "swarm.inference.workers.{worker}.heartbeat"),
         ("swarm.inference.tiny-llama.1.generate", "swarm.inference.tiny-llama.1.generate"),

@@ -196,18 +196,26 @@ class Harness:
             await sub.unsubscribe()
         return out
 
-    async def attempt_token(self, job_id: str, attempt: int) -> str | None:
-        """The token the assignment of this attempt carried (as only its worker knows it)."""
+    async def assignment(self, job_id: str, attempt: int) -> dict | None:
+        """The assignment of this attempt (its token: as only its worker knows it)."""
         for a in await self.assignments("*"):
             if a["job_id"] == job_id and a["attempt"] == attempt:
-                return a.get("attempt_token")
+                return a
         return None
 
-    async def emit(self, event: object) -> None:
-        """Report a job event as a worker would: with its assignment's attempt token."""
+    async def attempt_token(self, job_id: str, attempt: int) -> str | None:
+        """The token the assignment of this attempt carried (as only its worker knows it)."""
+        found = await self.assignment(job_id, attempt)
+        return found.get("attempt_token") if found else None
+
+    async def emit(self, event: object, worker_id: str | None = None) -> None:
+        """Report a job event as a worker would: on the subject of the worker the attempt was
+        assigned to (or ``worker_id``), with its assignment's attempt token."""
         from faststream.nats import NatsBroker
 
-        token = await self.attempt_token(event.job_id, event.attempt)  # type: ignore[attr-defined]
+        found = await self.assignment(event.job_id, event.attempt)  # type: ignore[attr-defined]
+        token = found.get("attempt_token") if found else None
+        worker_id = worker_id or (found or {}).get("worker_id") or "w-unassigned"
         broker = NatsBroker(self.settings.nats_url)
         await broker.connect()
         try:
@@ -217,6 +225,7 @@ class Harness:
                 "trainer",
                 event,  # type: ignore[arg-type]
                 attempt_token=token,
+                worker_id=worker_id,
             )
         finally:
             await broker.stop()

@@ -92,7 +92,9 @@ async def run_agent_job(
     async def on_heartbeat(msg: Any) -> None:
         events.heartbeats.append(json.loads(msg.data)["data"])
 
-    await nc.subscribe(s.job_event(job.job_id, "*"), cb=on_event)
+    # What the agent reports, on its own worker subject (the scheduler, absent here, would
+    # republish it on the job's public events).
+    await nc.subscribe(s.worker_event(job.worker_id, job.job_id, "*"), cb=on_event)
     await nc.subscribe(s.heartbeat("w-test"), cb=on_heartbeat)
 
     apps = [build_app(settings)]

@@ -50,7 +50,9 @@ async def test_an_agent_without_store_keys_trains_checkpoints_and_registers(
     async def on_event(msg: Any) -> None:
         events.items.append((msg.subject.rsplit(".", 1)[-1], json.loads(msg.data)["data"]))
 
-    await nc.subscribe(s.job_event(job.job_id, "*"), cb=on_event)
+    # What the agent reports, on its own worker subject (the scheduler, absent here, would
+    # republish it on the job's public events).
+    await nc.subscribe(s.worker_event(job.worker_id, job.job_id, "*"), cb=on_event)
     js = nc.jetstream()
     await ensure_topology(js, s)
     # The signer finds the job's dataset where the gateway put it.

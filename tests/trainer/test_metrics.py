@@ -49,7 +49,9 @@ async def test_steps_throughput_machine_and_messages(
             ended.set_result(f"{name}: {json.loads(msg.data)['data']}")
 
     nc = await nats.connect(settings.nats_url)
-    await nc.subscribe(s.job_event(job.job_id, "*"), cb=on_event)
+    # What the agent reports, on its own worker subject (the scheduler, absent here, would
+    # republish it on the job's public events).
+    await nc.subscribe(s.worker_event(job.worker_id, job.job_id, "*"), cb=on_event)
     app = build_app(settings)
     try:
         async with build_registry(settings), app:
@@ -88,5 +90,5 @@ async def test_steps_throughput_machine_and_messages(
     )
     assign = s.assign("{worker}")
     assert sample(after, "swarm_trainer_received_messages_total", handler=assign) == 1
-    progress = s.job_event("{job}", "progress")
+    progress = s.worker_event("{worker}", "{job}", "progress")
     assert sample(after, "swarm_trainer_published_messages_total", destination=progress) >= 1

@@ -47,6 +47,7 @@ async def world(
         job_id="job-a",
         attempt=2,
         attempt_token=SecretStr("token-a"),
+        worker_id="w",
     )
     try:
         yield SignedStore(access), store, jobs
@@ -218,6 +219,7 @@ def test_an_unreachable_nats_is_unavailable_not_a_refusal(monkeypatch: pytest.Mo
         job_id="job-a",
         attempt=1,
         attempt_token=SecretStr("t"),
+        worker_id="w",
     )
     with pytest.raises(Unavailable):
         SignedStore(access).get_bytes("datasets/t/x.jsonl")
@@ -242,6 +244,7 @@ async def test_a_short_store_outage_is_waited_out(settings: Settings, s3_server:
             job_id="job-a",
             attempt=2,
             attempt_token=SecretStr("token-a"),
+            worker_id="w",
         )
     )
     dataset = jobs.datasets["job-a"]

@@ -79,42 +79,41 @@ def consumer_name(worker_id: str) -> str:
 def provider_permissions(name: str, subjects: Subjects | None = None) -> Permissions:
     """Exactly what a provider's agent (worker id ``name``) needs, and nothing of anyone else's.
 
-    * its own per-worker subjects: heartbeats out; assignments (through its own durable
-      consumer on the assignments stream, created with its filter subject in the API subject,
-      so that it cannot be pointed at another worker's assignments), cancels, hand-back
-      requests and self-benchmark requests in (answering the latter);
-    * job events for any job id (NATS cannot scope ids it does not know yet): the scheduler
-      only applies an event that carries the attempt token of the job's current attempt,
-      which only the assigned worker received (``ATTEMPT_TOKEN_HEADER``);
-    * adapter registration (the registry checks the job and attempt) and its dead letters;
-    * store access grants (``swarm.registry.store.access``: the registry checks the attempt
-      token and the job's scope), since a provider holds no store keys;
-    * reading one job record by id (``$JS.API.DIRECT.GET``, never listing or by sequence):
-      the agent checks that an assignment is still current; job ids are unguessable digests.
+    Everything it sends is on its own ``swarm.workers.<name>.…`` subjects, so that whoever
+    receives it knows the sender from the subject (NATS enforces it):
 
-    Everything else is denied: stream and bucket management, KV writes, submitting jobs,
-    every other worker's subjects, reading job events.
+    * heartbeats; job events (``swarm.workers.<name>.events.<job>.<event>``, a stream only the
+      scheduler reads: it applies and republishes an event only if ``name`` holds the job's
+      current attempt and the event carries that attempt's token, ``ATTEMPT_TOKEN_HEADER``);
+    * requests to the registry (adapter registration, store access grants: ``name`` must hold
+      the job's current attempt) and to the scheduler (does it still hold an attempt);
+    * its assignments, through its own durable consumer on the assignments stream, created
+      with its filter subject in the API subject so that it cannot be pointed at another
+      worker's; cancels, hand-back and self-benchmark requests in (answering the latter);
+    * replies only under its own inbox prefix ``_INBOX.worker.<name>`` (the agent connects
+      with it): no other identity's replies, KV watches or deliveries.
+
+    Nothing lets it read a job record, list streams, stream subjects or consumers (no
+    ``STREAM.INFO``, ``STREAM.NAMES``, ``DIRECT.GET``): what a job needs comes with its
+    assignment. Everything else is denied: stream and bucket management, KV writes,
+    submitting jobs, every other worker's subjects, public job events.
     """
     s = subjects or Subjects()
     consumer = consumer_name(name)
-    assign, events = s.assign_stream, s.events_stream
-    jobs_kv = f"KV_{s.bucket('jobs')}"
+    assign = s.assign_stream
     api = "$JS.API"
     return Permissions(
         publish_allow=[
             s.heartbeat(name),
-            s.job_event(),
-            s.registry("adapters.register"),
-            s.registry("store.access"),
+            s.worker_event(name, "*", "*"),
+            s.worker_registry("adapters.register", name),
+            s.worker_registry("store.access", name),
+            s.worker_attempt(name),
             s.dead_letter("trainer"),
             f"{api}.INFO",
-            f"{api}.STREAM.INFO.{assign}",
-            f"{api}.STREAM.INFO.{events}",
-            f"{api}.STREAM.INFO.{jobs_kv}",
             f"{api}.CONSUMER.INFO.{assign}.{consumer}",
             f"{api}.CONSUMER.CREATE.{assign}.{consumer}.{s.assign(name)}",
             f"{api}.CONSUMER.MSG.NEXT.{assign}.{consumer}",
-            f"{api}.DIRECT.GET.{jobs_kv}.$KV.{s.bucket('jobs')}.*",
             f"$JS.ACK.{assign}.{consumer}.>",
         ],
         # Spelled out although nothing above allows them, so that a later, wider allow entry
@@ -122,15 +121,14 @@ def provider_permissions(name: str, subjects: Subjects | None = None) -> Permiss
         publish_deny=[
             s.submit,
             s.assign(),
+            s.job_event(),
             "$KV.>",
-            f"{api}.STREAM.CREATE.>",
-            f"{api}.STREAM.UPDATE.>",
-            f"{api}.STREAM.DELETE.>",
-            f"{api}.STREAM.PURGE.>",
+            f"{api}.STREAM.>",
+            f"{api}.DIRECT.>",
             f"{api}.CONSUMER.DURABLE.CREATE.>",
         ],
         subscribe_allow=[
-            "_INBOX.>",
+            f"{Subjects.worker_inbox(name)}.>",
             s.assign(name),
             s.worker_cancel(name),
             s.release(name),

@@ -51,6 +51,43 @@ class Subjects:
         provider's agent may not listen to every job's cancel subject)."""
         return self._s(f"swarm.workers.{worker_id}.cancel")
 
+    # --- a worker's own subjects (its NATS permissions allow only its own worker id) --------
+    def worker_event(self, worker_id: str = "*", job_id: str = "*", event: str = "*") -> str:
+        """A worker's event of a job, as the worker sends it. The scheduler reads these,
+        applies an event only if ``worker_id`` holds the job's current attempt, and publishes
+        what it accepted on ``job_event`` (the subjects everyone else reads)."""
+        return self._s(f"swarm.workers.{worker_id}.events.{job_id}.{event}")
+
+    def worker_registry(self, action: str, worker_id: str = "*") -> str:
+        """A worker's requests to the registry (``adapters.register``, ``store.access``): the
+        registry takes the sender from the subject."""
+        return self._s(f"swarm.workers.{worker_id}.registry.{action}")
+
+    def worker_attempt(self, worker_id: str = "*") -> str:
+        """A worker asks the scheduler whether it still holds an attempt (request/reply)."""
+        return self._s(f"swarm.workers.{worker_id}.attempt")
+
+    @staticmethod
+    def worker_of(subject: str) -> str | None:
+        """The worker id in a ``swarm.workers.<id>.…`` subject (namespaced or not)."""
+        parts = subject.split(".")
+        for i in range(len(parts) - 2):
+            if parts[i] == "swarm" and parts[i + 1] == "workers":
+                return parts[i + 2]
+        return None
+
+    # --- inboxes: each identity subscribes only under its own prefix ----------------------
+    @staticmethod
+    def service_inbox(service: str) -> str:
+        """Reply and delivery subjects of a service's connections (``_INBOX.svc.<service>``)."""
+        return f"_INBOX.svc.{service}"
+
+    @staticmethod
+    def worker_inbox(worker_id: str) -> str:
+        """Reply and delivery subjects of a provider's agent (``_INBOX.worker.<id>``): a
+        separate branch, so that no provider name can be a service's prefix."""
+        return f"_INBOX.worker.{worker_id}"
+
     def adapter_registered(self, name: str = "*") -> str:
         return self._s(f"swarm.adapters.{name}.registered")
 
@@ -101,6 +138,11 @@ class Subjects:
     @property
     def events_stream(self) -> str:
         return self._n("SWARM_EVENTS")
+
+    @property
+    def worker_events_stream(self) -> str:
+        """Workers' job events as they sent them, read only by the scheduler."""
+        return self._n("SWARM_WORKER_EVENTS")
 
     @property
     def control_stream(self) -> str:

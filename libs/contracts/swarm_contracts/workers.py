@@ -8,7 +8,7 @@ from typing import Literal
 from pydantic import BaseModel, Field, model_validator
 
 from swarm_contracts.datasets import DatasetInfo
-from swarm_contracts.jobs import JobSpec, ModelRef, ParentAdapter, utcnow
+from swarm_contracts.jobs import JobRecord, JobSpec, JobState, ModelRef, ParentAdapter, utcnow
 from swarm_contracts.verification import VerifyTarget
 
 
@@ -124,6 +124,46 @@ class Assignment(BaseModel):
     verify: VerifyTarget | None = None
     # Resume only from checkpoints of attempts after this one (JobRecord.resume_after_attempt).
     resume_after_attempt: int = 0
+
+
+class AttemptQuery(BaseModel):
+    """``swarm.workers.<worker_id>.attempt`` (request/reply to the scheduler): does this worker
+    still hold this attempt? A worker reads no job records itself (a provider may not)."""
+
+    job_id: str
+    attempt: int
+
+
+class AttemptStatus(BaseModel):
+    """The scheduler's answer to ``AttemptQuery``. Of a job the asker does not hold it says
+    only that, never who does or what the job is."""
+
+    job_id: str
+    attempt: int
+    # The job's current attempt is this one, on the asking worker, assigned or running.
+    holds: bool
+    # The record's state, when ``holds`` (assigned or running); else None.
+    state: JobState | None = None
+    cancel_requested: bool = False
+
+    @classmethod
+    def of(cls, record: JobRecord | None, query: AttemptQuery, worker_id: str) -> AttemptStatus:
+        """What ``record`` (None: no such job) says to ``worker_id`` about ``query``."""
+        holds = (
+            record is not None
+            and record.attempt == query.attempt
+            and record.worker_id == worker_id
+            and record.state in (JobState.assigned, JobState.running)
+        )
+        if record is None or not holds:
+            return cls(job_id=query.job_id, attempt=query.attempt, holds=False)
+        return cls(
+            job_id=query.job_id,
+            attempt=query.attempt,
+            holds=True,
+            state=record.state,
+            cancel_requested=record.cancel_requested,
+        )
 
 
 class WorkerInfo(BaseModel):

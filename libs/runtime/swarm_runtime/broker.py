@@ -71,10 +71,25 @@ def _security(settings: Settings) -> NatsSecurity | None:
     return None
 
 
-def connect_options(settings: Settings) -> dict[str, Any]:
-    """``nats.connect`` keyword arguments for the same identity and TLS as the broker's, for a
-    plain nats-py connection made where no broker runs (a trainer's Ray worker processes)."""
-    return parse_security(_security(settings))
+def inbox_prefix(settings: Settings, service: str) -> str:
+    """The inbox prefix of this identity's connections: its replies, JetStream deliveries and
+    KV watches arrive under it, and its NATS user may subscribe under it only
+    (deploy/nats/nats-auth.conf, ``swarm_contracts.providers``), so that no identity reads
+    another's. A provider's agent is its provider; a service is its service name (also its
+    NATS user's name)."""
+    if settings.provider_creds_file:
+        return Subjects.worker_inbox(read_credentials(settings.provider_creds_file).provider)
+    return Subjects.service_inbox(service)
+
+
+def connect_options(settings: Settings, service: str) -> dict[str, Any]:
+    """``nats.connect`` keyword arguments for the same identity, inbox prefix and TLS as the
+    broker's, for a plain nats-py connection made where no broker runs (a trainer's Ray worker
+    processes)."""
+    return {
+        **parse_security(_security(settings)),
+        "inbox_prefix": inbox_prefix(settings, service),
+    }
 
 
 async def dead_letter(
@@ -118,6 +133,7 @@ def make_broker(settings: Settings, service: str) -> NatsBroker:
         settings.nats_url,
         name=f"swarm-{service}",
         security=_security(settings),
+        inbox_prefix=inbox_prefix(settings, service),
         # Services must outlive a NATS restart: reconnect for ever rather than exit.
         max_reconnect_attempts=-1,
         reconnect_time_wait=1,
@@ -133,18 +149,27 @@ async def publish_job_event(
     *,
     msg_id: str | None = None,
     attempt_token: str | None = None,
+    worker_id: str | None = None,
 ) -> None:
-    """Publish a job event, in its CloudEvents envelope, to the replayable events stream.
+    """Publish a job event, in its CloudEvents envelope, to a replayable stream.
 
-    ``msg_id`` becomes ``Nats-Msg-Id`` so that a retried publish is stored once; a worker
-    passes its assignment's ``attempt_token``, without which the scheduler ignores the event.
+    The scheduler's own events go to the public events stream (``job_event``); a worker's
+    (``worker_id``) go to its own subject on the workers' events stream, which the scheduler
+    reads: it applies and republishes an event only if the worker holds the job's current
+    attempt and ``attempt_token`` is that attempt's. ``msg_id`` becomes ``Nats-Msg-Id`` so
+    that a retried publish is stored once.
     """
     headers = {"Nats-Msg-Id": msg_id} if msg_id else {}
     if attempt_token:
         headers[ATTEMPT_TOKEN_HEADER] = attempt_token
+    if worker_id is None:
+        subject, stream = subjects.job_event(event.job_id, event.event), subjects.events_stream
+    else:
+        subject = subjects.worker_event(worker_id, event.job_id, event.event)
+        stream = subjects.worker_events_stream
     await broker.publish(
         envelope(service, f"swarm.job.{event.event}", event, subject=event.job_id),
-        subjects.job_event(event.job_id, event.event),
-        stream=subjects.events_stream,
+        subject,
+        stream=stream,
         headers=headers or None,
     )

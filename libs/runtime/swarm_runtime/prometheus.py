@@ -45,6 +45,8 @@ _VARIABLE_AFTER = {
     "adapters": "name",
     "sweeps": "sweep",
     "requests": "request",
+    # swarm.workers.<worker>.events.<job>.<event>: a worker's job events
+    "events": "job",
 }
 _FIXED = {"submit"}
 
@@ -54,7 +56,12 @@ def subject_template(subject: str) -> str:
     """``swarm.jobs.job-1a2b.events.progress`` -> ``swarm.jobs.{job}.events.progress``."""
     tokens = subject.split(".")
     if "registry" in tokens or "trainer" in tokens:
-        return subject  # request/reply APIs: a fixed set of subjects
+        # Request/reply APIs: a fixed set of subjects, but for the worker that asks on its
+        # own subject (swarm.workers.<worker>.registry.<action>).
+        for i in range(len(tokens) - 2):
+            if tokens[i : i + 2] == ["swarm", "workers"] and tokens[i + 2] not in ("*", ">"):
+                tokens[i + 2] = "{worker}"
+        return ".".join(tokens)
     for i in range(len(tokens) - 1):
         placeholder = _VARIABLE_AFTER.get(tokens[i])
         nxt = tokens[i + 1]

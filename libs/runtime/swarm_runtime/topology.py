@@ -74,6 +74,10 @@ def _streams(s: Subjects) -> list[StreamConfig]:
         _stream(s.submit_stream, s.submit, 7, duplicate_window=DAY),
         # Every job event, kept so that anyone can replay a job's history.
         _stream(s.events_stream, s.job_event(), 30, duplicate_window=600),
+        # Workers' events as they sent them (swarm.workers.<id>.events.<job>.<event>): only
+        # the scheduler reads them, and publishes those it accepts on the events stream.
+        # Kept a day: what matters of them is in the records and the events stream by then.
+        _stream(s.worker_events_stream, s.worker_event(), 1, duplicate_window=600),
         _stream(s.control_stream, [s.cancel(), s.verify()], 7),
         _stream(s.assign_stream, s.assign(), 7, duplicate_window=600),
         _stream(

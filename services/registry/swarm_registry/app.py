@@ -9,6 +9,7 @@ from typing import Any
 
 from faststream import FastStream
 from faststream.nats import NatsBroker
+from faststream.nats.annotations import NatsMessage
 from faststream.nats.opentelemetry import NatsTelemetryMiddleware
 from opentelemetry.trace import Status, StatusCode, Tracer
 
@@ -96,6 +97,15 @@ class Handlers:
             ("adapters.quarantine", self.quarantine_adapter, 1),
             ("adapters.unquarantine", self.unquarantine_adapter, 1),
             ("gc.run", self.run_gc, 1),
+        ]
+
+    def worker_routes(self) -> list[tuple[str, Callable[..., Awaitable[Any]], int]]:
+        """(action, handler, concurrent messages) for what a worker asks on its own subject
+        (``swarm.workers.<id>.registry.<action>``): NATS lets only that worker send there, so
+        the handler gets the sender's worker id from the subject, and acts only for the worker
+        that holds the job's current attempt."""
+        return [
+            ("adapters.register", self.register_worker_adapter, REGISTER_WORKERS),
             # Every store operation of a worker without keys: several at once (a checkpoint
             # upload asks for each file), each a record read and a local signature.
             ("store.access", self.store_access, REGISTER_WORKERS),
@@ -111,6 +121,20 @@ class Handlers:
         return await answer(Reply[list[ModelVersion]], self.catalogs.models.list())
 
     async def register_adapter(self, request: RegisterAdapter) -> Reply[AdapterVersion]:
+        """A trusted service's registration (imports): no worker to check."""
+        return await self._register_adapter(request, None)
+
+    async def register_worker_adapter(
+        self, request: RegisterAdapter, message: NatsMessage
+    ) -> Reply[AdapterVersion]:
+        worker_id = _sender(message)
+        reply = await self._register_adapter(request, worker_id)
+        _log_refusal(reply, "registration", request.lineage.job_id, worker_id)
+        return reply
+
+    async def _register_adapter(
+        self, request: RegisterAdapter, worker_id: str | None
+    ) -> Reply[AdapterVersion]:
         lineage = request.lineage
         with self.tracer.start_as_current_span(
             "registry.register_adapter",
@@ -120,7 +144,8 @@ class Handlers:
                 "swarm.adapter": request.name,
             },
         ) as span:
-            reply = await answer(Reply[AdapterVersion], self.catalogs.adapters.register(request))
+            work = self.catalogs.adapters.register(request, worker_id)
+            reply = await answer(Reply[AdapterVersion], work)
             if reply.result is not None:
                 span.set_attribute("swarm.adapter_version", reply.result.version)
             else:
@@ -177,8 +202,22 @@ class Handlers:
     async def run_gc(self, request: RunGc) -> Reply[GcReport]:
         return await answer(Reply[GcReport], self.catalogs.collector.run(request))
 
-    async def store_access(self, request: StoreAccess) -> Reply[StoreGrant]:
-        return await answer(Reply[StoreGrant], self.catalogs.signer.access(request))
+    async def store_access(self, request: StoreAccess, message: NatsMessage) -> Reply[StoreGrant]:
+        worker_id = _sender(message)
+        reply = await answer(Reply[StoreGrant], self.catalogs.signer.access(request, worker_id))
+        _log_refusal(reply, f"store access ({request.op} {request.key})", request.job_id, worker_id)
+        return reply
+
+
+def _log_refusal(reply: Reply[Any], what: str, job_id: str, worker_id: str) -> None:
+    # A worker asking for what is not its own is worth an operator's eye (docs/security.md).
+    if reply.error_code == "forbidden":
+        log.warning("refused %s for job %s to worker %s: %s", what, job_id, worker_id, reply.error)
+
+
+def _sender(message: NatsMessage) -> str:
+    """The worker id in the subject of a worker's request (its NATS user's own subjects)."""
+    return Subjects.worker_of(message.raw_message.subject) or ""
 
 
 def build_app(settings: Settings) -> FastStream:
@@ -231,8 +270,12 @@ def build_app(settings: Settings) -> FastStream:
         datasets = RecordTable(await kv_bucket(js, subjects, "datasets"), DatasetInfo)
         catalogs.signer = StoreSigner(store, jobs, datasets)
 
-    for action, handler, workers in Handlers(catalogs, tracer).routes():
+    handlers = Handlers(catalogs, tracer)
+    for action, handler, workers in handlers.routes():
         broker.subscriber(subjects.registry(action), queue=SERVICE, max_workers=workers)(handler)
+    for action, handler, workers in handlers.worker_routes():
+        subject = subjects.worker_registry(action)
+        broker.subscriber(subject, queue=SERVICE, max_workers=workers)(handler)
 
     async def stop() -> None:
         metrics_server.stop()

@@ -7,6 +7,7 @@ from typing import Annotated, Any
 
 from faststream import FastStream
 from faststream.nats import NatsBroker
+from faststream.nats.annotations import NatsMessage
 from nats.js.api import AckPolicy, ConsumerConfig
 from pydantic import Field
 
@@ -14,11 +15,14 @@ from swarm_contracts.envelope import CloudEvent
 from swarm_contracts.events import AnyJobEvent, CancelRequest
 from swarm_contracts.jobs import JobSubmission
 from swarm_contracts.providers import ATTEMPT_TOKEN_HEADER
+from swarm_contracts.replies import Reply
+from swarm_contracts.subjects import Subjects
 from swarm_contracts.verification import VerifyRequest
-from swarm_contracts.workers import Heartbeat
+from swarm_contracts.workers import AttemptQuery, AttemptStatus, Heartbeat
 from swarm_runtime.broker import make_broker
 from swarm_runtime.intake import Handler, Intake, IntakeMetrics, RawMsg, RetryLater
 from swarm_runtime.prometheus import MetricsServer
+from swarm_runtime.rpc import answer
 from swarm_runtime.settings import Settings
 from swarm_runtime.tracing import context_from_headers, setup_tracing, tracer_of
 from swarm_scheduler.metrics import SchedulerMetrics
@@ -28,7 +32,6 @@ log = logging.getLogger("swarm.scheduler")
 JobEventEnvelope = CloudEvent[Annotated[AnyJobEvent, Field(discriminator="event")]]
 # A follower that still got a message gives it back for the leader after this long.
 FOLLOWER_NACK_DELAY_S = 0.5
-OWN_EVENTS = frozenset({"queued", "assigned", "requeued", "verified"})
 
 
 def _work_queue(stream: str, name: str) -> dict[str, Any]:
@@ -72,10 +75,20 @@ class Handlers:
             if await self.scheduler.submit(event.data, key) is None:
                 raise RetryLater(2.0)  # the registry is down: try again shortly
 
-    async def on_job_event(self, event: JobEventEnvelope, msg: RawMsg) -> None:
+    async def on_worker_event(self, event: JobEventEnvelope, msg: RawMsg) -> None:
+        """A worker's event, on its own ``swarm.workers.<id>.events.<job>.<event>`` subject."""
         self._follower_gives_back()
-        token = (msg.headers or {}).get(ATTEMPT_TOKEN_HEADER)
-        await self.scheduler.on_job_event(event.data, token)
+        headers = msg.headers or {}
+        await self.scheduler.on_job_event(
+            event.data,
+            headers.get(ATTEMPT_TOKEN_HEADER),
+            worker_id=Subjects.worker_of(msg.subject) or "",
+            msg_id=headers.get("Nats-Msg-Id"),
+        )
+
+    async def on_attempt(self, query: AttemptQuery, message: NatsMessage) -> Reply[AttemptStatus]:
+        worker_id = Subjects.worker_of(message.raw_message.subject) or ""
+        return await answer(Reply[AttemptStatus], self.scheduler.attempt_status(query, worker_id))
 
     async def on_cancel(self, event: CloudEvent[CancelRequest], msg: RawMsg) -> None:
         self._follower_gives_back()
@@ -113,12 +126,9 @@ class Consumers:
                 subjects.submit, handlers.on_submit, **_work_queue(subjects.submit_stream, "submit")
             ),
             intake(
-                subjects.job_event(),
-                handlers.on_job_event,
-                # The scheduler's own events (queued, assigned, requeued) are already in its
-                # records: acked unread.
-                skip=_own_event,
-                **_work_queue(subjects.events_stream, "events"),
+                subjects.worker_event(),
+                handlers.on_worker_event,
+                **_work_queue(subjects.worker_events_stream, "worker-events"),
             ),
             intake(
                 subjects.cancel(),
@@ -161,10 +171,6 @@ class Consumers:
             await sub.stop()
 
 
-def _own_event(subject: str) -> bool:
-    return subject.rpartition(".")[2] in OWN_EVENTS
-
-
 def build_app(settings: Settings) -> FastStream:
     broker = make_broker(settings, "scheduler")
     scheduler = Scheduler(settings, broker)
@@ -177,6 +183,10 @@ def build_app(settings: Settings) -> FastStream:
     metrics_server = MetricsServer(settings, metrics.registry, "scheduler")
     consumers = Consumers(broker, scheduler, metrics.intakes)
     scheduler.on_leadership = consumers.lead
+    # Whether a worker still holds an attempt: any scheduler process answers from its view.
+    broker.subscriber(scheduler.subjects.worker_attempt(), queue="scheduler")(
+        Handlers(scheduler).on_attempt
+    )
 
     app = FastStream(broker)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import hashlib
 import logging
 import secrets
 import time
@@ -36,7 +37,15 @@ from swarm_contracts.memory_estimate import estimate_memory
 from swarm_contracts.providers import token_digest
 from swarm_contracts.registry import ModelVersion
 from swarm_contracts.subjects import Subjects
-from swarm_contracts.workers import Assignment, Heartbeat, ReleaseRequest, WorkerInfo, WorkerOps
+from swarm_contracts.workers import (
+    Assignment,
+    AttemptQuery,
+    AttemptStatus,
+    Heartbeat,
+    ReleaseRequest,
+    WorkerInfo,
+    WorkerOps,
+)
 from swarm_runtime.broker import publish_job_event
 from swarm_runtime.leader import Leadership
 from swarm_runtime.records import Conflict, RecordTable
@@ -70,6 +79,26 @@ REASON_AFTER_S = 1.0
 RELEASE_RESEND_S = 5.0
 # A liveness check that comes this much later than asked found the scheduler itself paused.
 LIVENESS_PAUSE_S = 1.0
+# Job events only the scheduler sends: from a worker they are refused.
+SCHEDULER_EVENTS = frozenset({"queued", "assigned", "requeued", "verified"})
+
+
+def _fence(
+    record: JobRecord | None, event: AnyJobEvent, token: str | None, worker_id: str | None
+) -> str | None:
+    """Why a worker's event may not touch the record (None: it may). ``worker_id`` is the
+    sender as its subject names it; None only for callers that checked the sender already."""
+    if record is None:
+        return "no such job"
+    if record.state.terminal:
+        return "the job has ended"
+    if is_stale(record, event):
+        return f"stale attempt (the job is at attempt {record.attempt})"
+    if worker_id is not None and record.worker_id != worker_id:
+        return "the attempt is not this worker's"
+    if not token_matches(record, token):
+        return "wrong attempt token"
+    return None
 
 
 class Scheduler:
@@ -251,56 +280,73 @@ class Scheduler:
 
     # --- job events and cancellation ------------------------------------------------------
 
-    async def on_job_event(self, event: AnyJobEvent, token: str | None = None) -> None:
-        """Apply a worker's ``event`` to the job record if it comes from the worker that holds
-        the job's current attempt: the event's attempt is the record's, and ``token`` (the
-        event's attempt token header) is the one that attempt's assignment carried."""
-        if event.event in ("queued", "assigned", "requeued", "verified"):
-            return  # our own; already in the record
-        if isinstance(event, Released):
-            await self._released(event, token)
+    async def on_job_event(
+        self,
+        event: AnyJobEvent,
+        token: str | None = None,
+        worker_id: str | None = None,
+        msg_id: str | None = None,
+    ) -> None:
+        """A worker's ``event``, sent on its own subject (``worker_id``, which NATS binds to
+        its identity). Applied to the job record, and published on the public events stream
+        for everyone else (gateway, telemetry, sweeps), only if that worker holds the job's
+        current attempt and ``token`` (the event's attempt token header) is the one that
+        attempt's assignment carried; anything else is refused, logged, and goes nowhere."""
+        if event.event in SCHEDULER_EVENTS:
+            self._refuse(event, worker_id, "only the scheduler sends this kind of event")
             return
         if self.view.finished(event.job_id):
             # A finished record never changes again (``apply_event``): an event of a finished
             # job, late or stale, needs no read of the bucket.
-            log.debug("ignored %s of finished job %s", event.event, event.job_id)
+            self._refuse(event, worker_id, "the job has ended", level=logging.DEBUG)
             return
         record = self.view.open.get(event.job_id)
         if record is None or event.attempt > record.attempt:
             record = await self.view.read(event.job_id)  # the view may be behind a new attempt
-        if record is not None and is_stale(record, event):
-            log.warning(
-                "rejected %s from stale attempt %d of %s (current attempt %d)",
-                event.event,
-                event.attempt,
-                event.job_id,
-                record.attempt,
-            )
+        refusal = _fence(record, event, token, worker_id)
+        if refusal is not None:
+            self._refuse(event, worker_id, refusal)
             return
-        if record is not None and not token_matches(record, token):
-            log.warning(
-                "rejected %s of %s attempt %d: not sent by the worker that holds the attempt",
-                event.event,
-                event.job_id,
-                event.attempt,
-            )
+        # Published before it is applied: a publish that fails leaves the message unacked,
+        # and its redelivery, de-duplicated by its id, still finds the record open.
+        await self._publish_accepted(event, msg_id)
+        if isinstance(event, Released):
+            await self._released(event)
             return
         new = await self.view.modify(event.job_id, lambda r: apply_event(r, event, token))
         if new is not None and new.state.terminal:
             self.wake()
             await self.verifications.ended(new, event)
 
+    def _refuse(
+        self, event: AnyJobEvent, worker_id: str | None, reason: str, level: int = logging.WARNING
+    ) -> None:
+        log.log(
+            level,
+            "refused %s of job %s attempt %d from worker %s: %s",
+            event.event,
+            event.job_id,
+            event.attempt,
+            worker_id,
+            reason,
+        )
+
+    async def _publish_accepted(self, event: AnyJobEvent, msg_id: str | None) -> None:
+        # Derived from the worker's message id (a retried publish, or a redelivery to us, is
+        # stored once), apart from the scheduler's own ids (job.attempt.event), and hashed:
+        # the worker's id is made from its attempt token, which readers of the public stream
+        # have no business computing anything from.
+        msg = f"worker.{hashlib.sha256(msg_id.encode()).hexdigest()[:32]}" if msg_id else None
+        await publish_job_event(self.broker, self.subjects, SERVICE, event, msg_id=msg)
+
     async def verify(self, job_id: str) -> None:
         """Replay part of the finished job on another worker (once per attempt)."""
         await self.verifications.request(job_id)
 
-    async def _released(self, event: Released, token: str | None) -> None:
+    async def _released(self, event: Released) -> None:
         """The worker checkpointed the attempt and stopped it: queue it again now, rather than
         when its lease runs out. Not counted against ``max_attempts`` unless the worker says it
         was at fault (``fault``): a hand-back on purpose failed nothing."""
-        record = self.view.open.get(event.job_id) or await self.view.read(event.job_id)
-        if record is None or is_stale(record, event) or not token_matches(record, token):
-            return
         at = event.last_checkpoint_step
         detail = f" (from the checkpoint at step {at})" if at is not None else ""
         reason = f"handed back by worker {event.worker_id}: {event.reason}{detail}"
@@ -330,6 +376,14 @@ class Scheduler:
                 envelope(SERVICE, "swarm.job.cancel", request, subject=job_id),
                 self.subjects.worker_cancel(new.worker_id),
             )
+
+    async def attempt_status(self, query: AttemptQuery, worker_id: str) -> AttemptStatus:
+        """Whether ``worker_id`` (the subject the question came on) holds ``query``'s attempt,
+        as this process's view of the records says (every scheduler process answers)."""
+        record = self.view.open.get(query.job_id)
+        if record is None and not self.view.finished(query.job_id):
+            record = await self.view.read(query.job_id)
+        return AttemptStatus.of(record, query, worker_id)
 
     # --- workers ---------------------------------------------------------------------------
 

@@ -47,13 +47,15 @@ from swarm_contracts.events import (
 )
 from swarm_contracts.jobs import AdapterRef, JobRecord, JobState, utcnow
 from swarm_contracts.layout import CHECKPOINTS_KEPT
-from swarm_contracts.providers import read_credentials
+from swarm_contracts.providers import read_credentials, token_digest
 from swarm_contracts.registry import AdapterVersion, Lineage, RegisterAdapter
 from swarm_contracts.subjects import Subjects
 from swarm_contracts.verification import ReplayReport
 from swarm_contracts.workers import (
     CACHED_MODELS_MAX,
     Assignment,
+    AttemptQuery,
+    AttemptStatus,
     BenchmarkRequest,
     Gpu,
     Heartbeat,
@@ -164,6 +166,8 @@ class TrainerAgent:
         # The ranks fill it (on this machine); heartbeats say which base models it holds.
         self.cache = CacheSettings.of(settings).open()
         self.active: dict[str, ActiveJob] = {}
+        # The job records (the cluster's own agents only: ``_status``).
+        self.jobs: RecordTable[JobRecord] | None = None
         # "leaving" from the moment it is asked to stop: no new jobs, running ones handed back.
         self.state: HeartbeatState = "alive"
         self._heartbeat_task: asyncio.Task[None] | None = None
@@ -192,13 +196,18 @@ class TrainerAgent:
         """Before the subscribers start: the streams they bind to must exist."""
         await self.broker.connect()
         js = self.broker.connection.jetstream()
+        # Whether an attempt is still ours (``_status``): the cluster's own agents read the job
+        # record; a provider may read no records (nor create or change streams: the cluster's
+        # services did) and asks the scheduler instead.
         if self.provider is None:
             await ensure_topology(js, self.subjects, self.settings.js_replicas)
-            bucket = await kv_bucket(js, self.subjects, "jobs")
-        else:
-            # A provider may not create or change streams: the cluster's services did.
-            bucket = await js.key_value(self.subjects.bucket("jobs"))
-        self.jobs = RecordTable(bucket, JobRecord)
+            self.jobs = RecordTable(await kv_bucket(js, self.subjects, "jobs"), JobRecord)
+        self.scheduler = ServiceClient(
+            self.broker.connection,
+            "scheduler",
+            lambda _: self.subjects.worker_attempt(self.worker_id),
+            timeout=5.0,
+        )
         await asyncio.to_thread(self._init_ray)
 
     def _init_ray(self) -> None:
@@ -385,24 +394,13 @@ class TrainerAgent:
             # job back.
             log.info("leaving: dropping assignment %s#%d", job.job_id, job.attempt)
             return False
-        found = await self.jobs.get(job.job_id)
-        if found is None:
-            log.warning("dropping assignment of unknown job %s", job.job_id)
-            return False
-        record, _ = found
-        if (
-            record.state != JobState.assigned
-            or record.attempt != job.attempt
-            or record.worker_id != self.worker_id
-            or record.cancel_requested
-        ):
+        status = await self._status(job)
+        if not status.holds or status.state != JobState.assigned or status.cancel_requested:
             log.info(
-                "dropping stale assignment %s#%d (record: %s#%d on %s)",
+                "dropping stale assignment %s#%d (the scheduler: %s)",
                 job.job_id,
                 job.attempt,
-                record.state,
-                record.attempt,
-                record.worker_id,
+                "cancelled" if status.cancel_requested else status.state or "not this worker's",
             )
             return False
         active = ActiveJob(job=job)
@@ -455,13 +453,18 @@ class TrainerAgent:
         active = self.active.get(event.job_id)
         # The attempt's token proves to the scheduler that the event is this worker's.
         token = active.job.attempt_token if active and active.job.attempt == event.attempt else None
+        # The workers' events stream de-duplicates by message id across all workers: an id
+        # that only the attempt's holder can compute, so that no other worker can take it
+        # first and have this event dropped as a duplicate.
+        proof = token_digest(token)[:16] if token else "none"
         await publish_job_event(
             self.broker,
             self.subjects,
             SERVICE,
             event,
-            msg_id=f"{event.job_id}.{event.attempt}.{event.event}.{step}",
+            msg_id=f"{event.job_id}.{event.attempt}.{event.event}.{step}.{proof}",
             attempt_token=token,
+            worker_id=self.worker_id,
         )
         note_event(event)
         if self.metrics is not None:
@@ -633,32 +636,32 @@ class TrainerAgent:
             return
         job = active.job
         try:
-            found = await self.jobs.get(job.job_id)
-        except Exception:  # cannot tell now (NATS down?): keep going, ask again later
-            log.warning("could not read the record of %s", job.job_id, exc_info=True)
+            status = await self._status(job)
+        except Exception:  # cannot tell now (NATS or the scheduler down?): ask again later
+            log.warning("could not ask the scheduler about %s", job.job_id, exc_info=True)
             return
-        if found is None:
-            return
-        record, _ = found
-        if (
-            record.attempt == job.attempt
-            and record.worker_id == self.worker_id
-            and record.state in (JobState.assigned, JobState.running)
-        ):
-            if record.cancel_requested and not active.cancel_requested:
+        if status.holds:
+            if status.cancel_requested and not active.cancel_requested:
                 # The scheduler's cancel message (core NATS) did not reach us.
                 await self._request_cancel(active, "cancelled by request")
             return
         log.warning(
-            "job %s attempt %d is now %s#%d on %s: stopping our run",
+            "job %s attempt %d is no longer this worker's: stopping our run",
             job.job_id,
             job.attempt,
-            record.state,
-            record.attempt,
-            record.worker_id,
         )
         active.superseded = True
         await self._request_cancel(active, "superseded by the scheduler")
+
+    async def _status(self, job: Assignment) -> AttemptStatus:
+        """Whether this worker still holds ``job``'s attempt, as the job record says: read by
+        the cluster's own agents, asked of the scheduler (on this worker's own subject) by a
+        provider's, which may read no job records."""
+        query = AttemptQuery(job_id=job.job_id, attempt=job.attempt)
+        if self.jobs is None:
+            return await self.scheduler.call("attempt", query, AttemptStatus)
+        found = await self.jobs.get(job.job_id)
+        return AttemptStatus.of(found[0] if found else None, query, self.worker_id)
 
     async def _on_report(self, active: ActiveJob, report: reports.Report) -> None:
         """Every report feeds the trace and the metrics; progress, evaluations and committed
@@ -749,13 +752,7 @@ class TrainerAgent:
             eval_history=[asdict(e) for e in m.eval_history],
             best_step=m.best_step,
             worker_id=self.worker_id,
-            worker_ids=await workers_that_ran(
-                self.broker.connection.jetstream(),
-                self.subjects,
-                job.job_id,
-                job.attempt,
-                self.worker_id,
-            ),
+            worker_ids=await self._workers_that_ran(job),
             started_at=active.started_at,
             finished_at=utcnow(),
             parent=job.parent.ref if job.parent else None,
@@ -781,6 +778,19 @@ class TrainerAgent:
             )
         )
 
+    async def _workers_that_ran(self, job: Assignment) -> list[str]:
+        if self.provider is not None:
+            # A provider may not read job events (other tenants' jobs are none of its
+            # business): its lineage names itself; the job's events name the others.
+            return [self.worker_id]
+        return await workers_that_ran(
+            self.broker.connection.jetstream(),
+            self.subjects,
+            job.job_id,
+            job.attempt,
+            self.worker_id,
+        )
+
     async def register(self, request: RegisterAdapter) -> AdapterVersion:
         """Ask the registry for a version; retried while it is unreachable (idempotent per job)."""
         attributes = {"swarm.job_id": request.lineage.job_id, "swarm.adapter": request.name}
@@ -788,8 +798,13 @@ class TrainerAgent:
             return await self._register(request)
 
     async def _register(self, request: RegisterAdapter) -> AdapterVersion:
+        # On this worker's own subject: the registry registers only for the worker that
+        # holds the job's current attempt.
         registry = ServiceClient(
-            self.broker.connection, "registry", self.subjects.registry, timeout=10.0
+            self.broker.connection,
+            "registry",
+            lambda action: self.subjects.worker_registry(action, self.worker_id),
+            timeout=10.0,
         )
         try:
             async for attempt in AsyncRetrying(

@@ -21,7 +21,7 @@ from swarm_contracts.workers import (
     ReleaseRequest,
     WorkerBenchmark,
 )
-from swarm_runtime.broker import make_broker
+from swarm_runtime.broker import inbox_prefix, make_broker
 from swarm_runtime.prometheus import MetricsServer
 from swarm_runtime.rpc import ServiceClient, answer
 from swarm_runtime.settings import Settings, absolute
@@ -54,6 +54,9 @@ def build_app(settings: Settings) -> FastStream:
         stream=JStream(subjects.assign_stream, declare=False),
         durable=f"trainer-{agent.worker_id}",
         pull_sub=PullSub(batch_size=1, timeout=5.0),
+        # FastStream passes its own default ("_INBOX.") to a pull subscription, not the
+        # connection's: a provider may subscribe under its own inbox prefix only.
+        inbox_prefix=f"{inbox_prefix(settings, SERVICE)}.".encode(),
     )
     async def on_assignment(event: CloudEvent[Assignment]) -> None:
         # Returns as soon as the job is started: the ack must not wait for training.

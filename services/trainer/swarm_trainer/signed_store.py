@@ -2,7 +2,8 @@
 
 ``SWARM_STORE_ACCESS=signed`` (the default of ``swarm-trainer join`` without S3 keys): the
 agent and its Ray processes hold no store credentials. Each operation asks the registry
-(``swarm.registry.store.access``) with the attempt's token; the registry checks the job record
+(``swarm.workers.<id>.registry.store.access``, on its own worker subject) with the attempt's
+token; the registry checks that this worker holds the attempt, the token, the job record
 and the key's scope and answers with a presigned URL for that one object and method (or, for
 list and head, the answer), and the bytes then go straight between this machine and the
 store over plain HTTP (docs/providers.md, *Store access*).
@@ -92,6 +93,9 @@ class SignedAccess(BaseModel):
     job_id: str
     attempt: int
     attempt_token: SecretStr
+    # The worker the attempt is assigned to: it asks on its own subject, which its NATS user
+    # alone may use, and the registry grants only to the worker holding the attempt.
+    worker_id: str
 
     @classmethod
     def of(cls, settings: Settings, job: Assignment) -> SignedAccess:
@@ -103,6 +107,7 @@ class SignedAccess(BaseModel):
             job_id=job.job_id,
             attempt=job.attempt,
             attempt_token=SecretStr(job.attempt_token),
+            worker_id=job.worker_id,
         )
 
     def request(self, op: StoreOp, key: str) -> StoreAccess:
@@ -145,24 +150,29 @@ class _Signer:
                     # A request that finds NATS down fails on its own (Unavailable, retried);
                     # the reconnect loop's every failure need not be logged as an error too.
                     error_cb=_quiet,
-                    **connect_options(self.settings),
+                    **connect_options(self.settings, "trainer"),
                 ),
                 REQUEST_TIMEOUT_S,
             )
         return self._nc
 
-    async def _ask(self, request: StoreAccess) -> StoreGrant:
+    async def _ask(self, request: StoreAccess, worker_id: str) -> StoreGrant:
         try:
             nc = await self._connection()
         except (OSError, TimeoutError, nats.errors.Error) as exc:
             # Like a registry that does not answer: asked again until UNAVAILABLE_RETRY_S.
             raise Unavailable("registry", f"NATS unreachable: {exc!r}") from exc
         subjects = Subjects(self.settings.namespace)
-        registry = ServiceClient(nc, "registry", subjects.registry, timeout=REQUEST_TIMEOUT_S)
+        registry = ServiceClient(
+            nc,
+            "registry",
+            lambda action: subjects.worker_registry(action, worker_id),
+            timeout=REQUEST_TIMEOUT_S,
+        )
         return await registry.call("store.access", request, StoreGrant)
 
-    def ask(self, request: StoreAccess) -> StoreGrant:
-        future = asyncio.run_coroutine_threadsafe(self._ask(request), self.loop)
+    def ask(self, request: StoreAccess, worker_id: str) -> StoreGrant:
+        future = asyncio.run_coroutine_threadsafe(self._ask(request, worker_id), self.loop)
         try:
             return future.result(timeout=REQUEST_TIMEOUT_S * 3)
         except TimeoutError as exc:
@@ -208,7 +218,7 @@ class SignedStore(ObjectStore):
                 reraise=True,
             ):
                 with attempt:
-                    return _signer(self.access.nats).ask(request)
+                    return _signer(self.access.nats).ask(request, self.access.worker_id)
         except Refused as exc:
             raise StoreAccessRefused(
                 f"store access refused ({op} {key}): {exc.message}", exc.code
