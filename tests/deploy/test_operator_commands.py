@@ -87,8 +87,11 @@ class Trainers:
             await sub.unsubscribe()
         raise AssertionError(f"no assignment of {job_id} for {worker_id}")
 
-    async def emit(self, event: JobEvent, token: str) -> None:
-        await publish_job_event(self.broker, SUBJECTS, "trainer", event, attempt_token=token)
+    async def emit(self, event: JobEvent, token: str, worker_id: str) -> None:
+        """On the worker's own subject, as an agent does: the scheduler republishes it."""
+        await publish_job_event(
+            self.broker, SUBJECTS, "trainer", event, attempt_token=token, worker_id=worker_id
+        )
 
 
 @contextlib.asynccontextmanager
@@ -159,14 +162,19 @@ async def test_operator_commands_work_under_the_shipped_permissions(
         job_id = job.json()["job_id"]
         given = await played.assignment("w1", job_id)
         token = given["attempt_token"]
-        await played.emit(Started(job_id=job_id, attempt=1, worker_id="w1"), token)
+        await played.emit(Started(job_id=job_id, attempt=1, worker_id="w1"), token, "w1")
         for step in (4, 6):
             saved = CheckpointSaved(job_id=job_id, attempt=1, step=step, store_key="k")
-            await played.emit(saved, token)
+            await played.emit(saved, token, "w1")
         adapter = AdapterRef(name="bot", version=1, store_key="adapters/default/bot/1")
         done = Succeeded(job_id=job_id, attempt=1, adapter=adapter, checkpoints=[4, 6])
-        await played.emit(done, token)
-        jobs_nc = await nats.connect(url, user="gateway", password="pw-gateway-0123")
+        await played.emit(done, token, "w1")
+        jobs_nc = await nats.connect(
+            url,
+            user="gateway",
+            password="pw-gateway-0123",
+            inbox_prefix=Subjects.service_inbox("gateway"),
+        )
         jobs = RecordTable(await kv_bucket(jobs_nc.jetstream(), SUBJECTS, "jobs"), JobRecord)
         await wait_record(jobs, job_id, lambda r: r.state == JobState.succeeded)
         for _ in range(100):  # and the gateway's copy of the record shows it
@@ -200,13 +208,13 @@ async def test_operator_commands_work_under_the_shipped_permissions(
         replay_id = record.verification.replay_job_id
         replay = await played.assignment("w2", replay_id)
         await played.emit(
-            Started(job_id=replay_id, attempt=1, worker_id="w2"), replay["attempt_token"]
+            Started(job_id=replay_id, attempt=1, worker_id="w2"), replay["attempt_token"], "w2"
         )
         report = ReplayReport(
             from_step=4, to_step=6, distances={"q.lora_B": 0.9}, losses={5: 1.0, 6: 1.0}
         )
         replayed = Replayed(job_id=replay_id, attempt=1, worker_id="w2", report=report)
-        await played.emit(replayed, replay["attempt_token"])
+        await played.emit(replayed, replay["attempt_token"], "w2")
         settled = await wait_record(
             jobs, job_id, lambda r: r.verification and r.verification.outcome != "pending"
         )
