@@ -224,7 +224,7 @@ async def test_a_worker_registers_only_for_the_attempt_it_holds(
 
     refused = await as_worker("w2", request)
     assert refused["code"] == "forbidden", refused
-    assert "not worker 'w2''s" in refused["error"]
+    assert "not assigned to worker 'w2'" in refused["error"]
     orphan = {"name": "bot", "store_key": key, "lineage": lineage("job-none", attempt=1)}
     refused = await as_worker("w1", orphan | {"attempt_token": token})
     assert refused["code"] == "forbidden", refused

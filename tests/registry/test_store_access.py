@@ -225,7 +225,7 @@ async def test_wrong_stale_and_foreign_requests_are_refused(
     # worker its subject names, and the attempt is worker w's.
     foreign = await ask.ask("get", dataset, worker="w-other")
     assert foreign["code"] == "forbidden", foreign
-    assert "not worker 'w-other''s" in foreign["error"]
+    assert "not assigned to worker 'w-other'" in foreign["error"]
 
     # Job a's worker, with its own valid token, asking for job b's keys or anything else.
     for op, key in (
