@@ -89,3 +89,12 @@ def test_an_attempt_not_yet_seen_running_counts_from_now() -> None:
     book.restart()  # a new leader counts from when it took over
     book.observe([second], now=60.0)
     assert book.last_listed(second, now=70.0) == 60.0
+
+
+def test_a_cancelled_running_job_its_worker_does_not_stop_is_ended_after_the_grace() -> None:
+    r = held("job-1", JobState.running)
+    r.cancel_requested, r.cancel_requested_at = True, NOW
+    assert check([r], after_s=1, listed_at=1) == []
+    assert check([r], after_s=3, listed_at=3) == [
+        Overdue("job-1", "w1", "cancel", "cancelled; worker w1 did not stop it in 2s")
+    ]

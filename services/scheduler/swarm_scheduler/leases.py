@@ -106,13 +106,19 @@ def overdue(
             if trust_absence(w):
                 out.append(Overdue(r.job_id, w, "requeue", f"worker {w} lost"))
             continue
-        if r.state == JobState.assigned:
-            if r.cancel_requested and r.cancel_requested_at is not None:
-                waited = (clock.now - r.cancel_requested_at).total_seconds()
-                if waited > clock.cancel_grace_s:
+        if r.cancel_requested and r.cancel_requested_at is not None:
+            # The worker reports a cancel within seconds from any state (it aborts a run Ray
+            # is still starting); one that has not by now is not listening, and a cancel must
+            # take effect all the same: its late events are then refused (the record ended).
+            waited = (clock.now - r.cancel_requested_at).total_seconds()
+            if waited > clock.cancel_grace_s:
+                if r.state == JobState.assigned:
                     reason = f"cancelled before worker {w} started it"
-                    out.append(Overdue(r.job_id, w, "cancel", reason))
-                    continue
+                else:
+                    reason = f"cancelled; worker {w} did not stop it in {clock.cancel_grace_s:g}s"
+                out.append(Overdue(r.job_id, w, "cancel", reason))
+                continue
+        if r.state == JobState.assigned:
             if r.assigned_at is not None:
                 waited = (clock.now - r.assigned_at).total_seconds()
                 if waited > clock.assign_timeout_s:

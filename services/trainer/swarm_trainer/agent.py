@@ -18,12 +18,11 @@ import time
 import uuid
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from faststream.nats import NatsBroker
 from opentelemetry import trace
 from opentelemetry.trace import NoOpTracer, Tracer
-from ray.util.queue import Queue
 from tenacity import (
     AsyncRetrying,
     retry_if_exception_type,
@@ -72,29 +71,28 @@ from swarm_runtime.store import ObjectStore, is_unreachable, open_store
 from swarm_runtime.tasks import cancel_and_wait
 from swarm_runtime.topology import ensure_topology, kv_bucket
 from swarm_trainer import reports
-from swarm_trainer.benchmark import run_benchmark
 from swarm_trainer.cache import CacheSettings
 from swarm_trainer.hooks import agent_hooks
 from swarm_trainer.job_history import workers_that_ran
 from swarm_trainer.job_trace import JobTrace, note_event
 from swarm_trainer.metrics import TrainerMetrics
 from swarm_trainer.resources import detect_resources
-from swarm_trainer.run import (
-    PreflightError,
-    RunResult,
-    checkpoint_key,
-    run_job,
-    starting_point,
-    wait_committed,
-)
 from swarm_trainer.signed_store import SignedAccess, SignedStore
+
+if TYPE_CHECKING:
+    # Imported when first needed (``_load_training``): torch, peft and Ray Train take tens of
+    # seconds to import on a loaded machine, and the agent heartbeats before that.
+    from ray.util.queue import Queue
+
+    from swarm_trainer.run import RunResult
 
 log = logging.getLogger("swarm.trainer")
 SERVICE = "trainer"
 REGISTER_TIMEOUT_S = 60.0
-# How long a new attempt's assignment waits for this agent's stale run of the job to stop.
-# Less than the assignment consumer's ack wait (30 s), so that it is not redelivered meanwhile.
-RETIRE_TIMEOUT_S = 20.0
+# A cancelled run stops within a step of its training loop; one still going after this is
+# being started (or stopped) by Ray, which polls no flag: it is aborted, and the cancel
+# reported without waiting for Ray to finish.
+CANCEL_STOP_S = 2.0
 
 
 def default_worker_id() -> str:
@@ -132,6 +130,8 @@ class ActiveJob:
     release_reason: str | None = None
     # The record moved on (requeued, placed again, ended): this run is a stale copy.
     superseded: bool = False
+    # The `cancelled` event went out before the run had stopped (``_enforce_cancel``).
+    cancel_reported: bool = False
     started_at: datetime = field(default_factory=utcnow)
     task: asyncio.Task[None] | None = None
     trace: JobTrace | None = None
@@ -154,7 +154,9 @@ class TrainerAgent:
             else None
         )
         self.worker_id = self.provider or settings.worker_id or default_worker_id()
-        self.resources = detect_resources(settings.trainer_cpus)
+        # Its GPUs are looked for in ``prepare`` (torch is slow to import), after the first
+        # heartbeat, which says "starting": nothing is placed on it before they are known.
+        self.resources = detect_resources(settings.trainer_cpus, gpus=False)
         self.labels = parse_labels(settings.worker_labels)  # SWARM_WORKER_LABELS, for placement
         # No store of its own without keys: each job's operations are granted for that job
         # (``store_for``).
@@ -164,7 +166,12 @@ class TrainerAgent:
         # The ranks fill it (on this machine); heartbeats say which base models it holds.
         self.cache = CacheSettings.of(settings).open()
         self.active: dict[str, ActiveJob] = {}
-        # "leaving" from the moment it is asked to stop: no new jobs, running ones handed back.
+        # Superseded runs still stopping, each replaced in ``active`` by its job's new attempt.
+        self.retiring: set[asyncio.Task[None]] = set()
+        self._stoppers: set[asyncio.Task[None]] = set()
+        # "starting" while it starts up (``prepare``, ``start``: it takes no jobs yet; the
+        # scheduler takes back any job its previous process held); "leaving" from the moment it
+        # is asked to stop: no new jobs, running ones handed back.
         self.state: HeartbeatState = "alive"
         self._heartbeat_task: asyncio.Task[None] | None = None
         self._own_ray = False  # whether this agent connected Ray (then it disconnects it)
@@ -187,8 +194,15 @@ class TrainerAgent:
     # --- start and stop ------------------------------------------------------------------
 
     async def prepare(self) -> None:
-        """Before the subscribers start: the streams they bind to must exist."""
+        """Before the subscribers start: the streams they bind to must exist.
+
+        Heartbeats (``starting``) go out from the moment NATS is reached, before the slow
+        work (importing torch and Ray Train, starting Ray, the self-benchmark): the scheduler
+        then knows at once that this worker's previous process, and any job it ran, is gone,
+        and does not take this one for lost while it starts."""
         await self.broker.connect()
+        self.state = "starting"
+        self._heartbeat_task = asyncio.create_task(self._heartbeat_loop())
         js = self.broker.connection.jetstream()
         if self.provider is None:
             await ensure_topology(js, self.subjects, self.settings.js_replicas)
@@ -197,6 +211,8 @@ class TrainerAgent:
             # A provider may not create or change streams: the cluster's services did.
             bucket = await js.key_value(self.subjects.bucket("jobs"))
         self.jobs = RecordTable(bucket, JobRecord)
+        await asyncio.to_thread(_load_training)
+        self.resources = await asyncio.to_thread(detect_resources, self.settings.trainer_cpus)
         await asyncio.to_thread(self._init_ray)
 
     def _init_ray(self) -> None:
@@ -213,13 +229,19 @@ class TrainerAgent:
 
     async def start(self) -> None:
         if self.settings.benchmark_s > 0:
-            # Before the first heartbeat, while the machine is idle: once the scheduler hears
-            # of the worker it may place a job here, and a shared device measures low.
+            # While still "starting", so while the machine is idle: once the scheduler hears
+            # the worker is alive it may place a job here, and a shared device measures low.
             try:
                 await self.measure()
             except Exception:  # a worker that cannot measure itself can still train
                 log.exception("the self-benchmark failed; heartbeats go without one")
-        self._heartbeat_task = asyncio.create_task(self._heartbeat_loop())
+        if self.state == "starting":
+            self.state = "alive"
+        if self._heartbeat_task is None:  # a bare agent (tests): no prepare
+            self._heartbeat_task = asyncio.create_task(self._heartbeat_loop())
+        else:  # now rather than an interval later: jobs may be placed here from now on
+            with contextlib.suppress(Exception):
+                await self._send_heartbeat()
         log.info("trainer %s ready with %s", self.worker_id, self.resources)
 
     async def stop(self) -> None:
@@ -240,7 +262,7 @@ class TrainerAgent:
             if late:
                 log.warning("%d job(s) did not stop in time; left to the scheduler", len(late))
         tasks = [t for t in [self._heartbeat_task, *(a.task for a in self.active.values())] if t]
-        await cancel_and_wait(tasks)
+        await cancel_and_wait([*tasks, *self.retiring, *self._stoppers])
         self.state = "gone"
         with contextlib.suppress(Exception):
             await self._send_heartbeat()
@@ -253,6 +275,8 @@ class TrainerAgent:
 
     async def measure(self) -> WorkerBenchmark:
         """Run the self-benchmark (one at a time); heartbeats carry the result from now on."""
+        from swarm_trainer.benchmark import run_benchmark
+
         async with self._benchmarking:
             result = await run_benchmark(self.settings.benchmark_s, busy=bool(self.active))
             self.benchmark = result
@@ -338,12 +362,14 @@ class TrainerAgent:
         running = self.active.get(job.job_id)
         if running is not None and running.job.attempt < job.attempt:
             # We still run an attempt the scheduler gave up on (this machine was frozen or cut
-            # off past its lease) and it placed the job here again: stop the stale run first,
-            # rather than drop the new attempt, which would then wait out the assign timeout.
+            # off past its lease) and it placed the job here again: the new attempt replaces
+            # the stale run, which is stopped meanwhile, rather than wait for it (Ray may take
+            # a minute to stop a run it is starting) or be dropped (the job would then wait
+            # out the assign timeout).
             await self._retire(running)
         if job.job_id in self.active:
             return False
-        if self.state != "alive":
+        if self.state in ("leaving", "gone"):
             # Placed before the scheduler heard we are leaving: our goodbye makes it take the
             # job back.
             log.info("leaving: dropping assignment %s#%d", job.job_id, job.attempt)
@@ -374,16 +400,24 @@ class TrainerAgent:
         return True
 
     async def _retire(self, active: ActiveJob) -> None:
-        """Stop a superseded run and wait (a while) until it has let go of the job."""
+        """Stop a superseded run and let go of its job at once (its run stops meanwhile)."""
         log.warning(
             "job %s attempt %d was placed again: stopping our stale run",
             active.job.job_id,
             active.job.attempt,
         )
         active.superseded = True
+        self._let_go(active)
         await self._request_cancel(active, "superseded by the scheduler")
-        if active.task is not None:
-            await asyncio.wait({active.task}, timeout=RETIRE_TIMEOUT_S)
+
+    def _let_go(self, active: ActiveJob) -> None:
+        """No longer run ``active``'s job here (heartbeats stop listing it) while its run, if
+        any, still stops in the background."""
+        if self.active.get(active.job.job_id) is active:
+            del self.active[active.job.job_id]
+        if active.task is not None and not active.task.done():
+            self.retiring.add(active.task)
+            active.task.add_done_callback(self.retiring.discard)
 
     async def cancel(self, request: CancelRequest) -> None:
         active = self.active.get(request.job_id)
@@ -406,11 +440,50 @@ class TrainerAgent:
             await asyncio.to_thread(_ray_get, active.control.release.remote())
 
     async def _request_cancel(self, active: ActiveJob, reason: str) -> None:
-        if not active.cancel_requested:
-            active.cancel_reason = reason
+        if active.cancel_requested:
+            return
+        active.cancel_reason = reason
         active.cancel_requested = True
         if active.control is not None:
-            await asyncio.to_thread(_ray_get, active.control.cancel.remote())
+            # Not waited for: the control actor may itself still be starting.
+            await asyncio.to_thread(active.control.cancel.remote)
+        stopper = asyncio.create_task(self._enforce_cancel(active))
+        self._stoppers.add(stopper)
+        stopper.add_done_callback(self._stoppers.discard)
+
+    async def _enforce_cancel(self, active: ActiveJob) -> None:
+        """A run that has not stopped ``CANCEL_STOP_S`` after its cancel is being started (or
+        torn down) by Ray, whose training loop polls no flag yet: abort it, report the cancel
+        and let go of the job now, rather than when Ray is done (which, on a loaded machine,
+        may be a minute: its controller is killed as soon as it has started)."""
+        if active.task is None:
+            return
+        await asyncio.wait({active.task}, timeout=CANCEL_STOP_S)
+        if active.task.done():
+            return
+        if active.control is not None:
+            log.info("aborting the Ray run of %s#%d", active.job.job_id, active.job.attempt)
+            try:
+                await asyncio.to_thread(active.control.abort.remote)
+            except Exception:
+                log.warning("could not abort the run of %s", active.job.job_id, exc_info=True)
+        await self._report_cancelled(active)
+        self._let_go(active)
+
+    async def _report_cancelled(self, active: ActiveJob) -> None:
+        """The attempt's `cancelled` event, once, unless the attempt is no longer the job's."""
+        if active.superseded or active.cancel_reported:
+            return
+        active.cancel_reported = True
+        job = active.job
+        await self._emit(
+            Cancelled(
+                job_id=job.job_id,
+                attempt=job.attempt,
+                reason=active.cancel_reason,
+                last_checkpoint_step=active.last_checkpoint_step,
+            )
+        )
 
     # --- one job ---------------------------------------------------------------------------
 
@@ -447,19 +520,28 @@ class TrainerAgent:
             from swarm_trainer.control import make_channels
 
             progress, active.control = await asyncio.to_thread(make_channels)
+            if active.cancel_requested:  # came in while we were setting up: nothing to run
+                await self._conclude(active, None)
+                return
             fit = await self._start(active, progress)
             await self._follow(active, fit, progress)
             await self._conclude(active, fit.result())
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            if not isinstance(exc, PreflightError):
+            from swarm_trainer.run import PreflightError
+
+            if active.cancel_requested:  # aborted (``_enforce_cancel``): no failure
+                log.info("job %s attempt %d stopped: %s", job.job_id, job.attempt, readable(exc))
+            elif not isinstance(exc, PreflightError):
                 log.exception("job %s attempt %d failed", job.job_id, job.attempt)
             # A run that failed after its lease lapsed (a frozen machine, an outage) must not
             # add a final event to a job that a newer attempt now runs.
             with contextlib.suppress(Exception):
                 await self._stop_if_superseded(active)
-            if not active.superseded:
+            if active.cancel_requested:
+                await self._report_cancelled(active)
+            elif not active.superseded:
                 await self._emit(self._failure(active, exc))
         finally:
             if self.active.get(job.job_id) is active:  # not a newer attempt's entry
@@ -469,6 +551,8 @@ class TrainerAgent:
                     await asyncio.to_thread(_kill_actors, active.control, progress)
 
     def _failure(self, active: ActiveJob, exc: Exception) -> Failed | Released:
+        from swarm_trainer.run import PreflightError
+
         ids = {"job_id": active.job.job_id, "attempt": active.job.attempt}
         if is_unreachable(exc):
             # The store is down, not the job wrong: another attempt (here or elsewhere, from
@@ -488,10 +572,10 @@ class TrainerAgent:
     ) -> asyncio.Task[RunResult | ReplayReport | None]:
         """Emit ``started`` and run the attempt on Ray (in a thread), from the checkpoint an
         earlier attempt committed, if any."""
+        from swarm_trainer.run import run_job, starting_point
+
         job = active.job
-        if active.cancel_requested:  # a cancel that came in while we were setting up
-            await asyncio.to_thread(_ray_get, active.control.cancel.remote())
-        elif active.release_reason is not None:  # likewise a hand-back
+        if active.release_reason is not None:  # a hand-back asked while we were setting up
             await asyncio.to_thread(_ray_get, active.control.release.remote())
         store = self.store_for(job)
         resume = await asyncio.to_thread(starting_point, job, store)
@@ -555,15 +639,7 @@ class TrainerAgent:
             # event from this attempt would only mislead them.
             log.info("job %s attempt %d superseded; its run stopped", job.job_id, job.attempt)
         elif active.cancel_requested:
-            last = active.last_checkpoint_step
-            await self._emit(
-                Cancelled(
-                    job_id=job.job_id,
-                    attempt=job.attempt,
-                    reason=active.cancel_reason,
-                    last_checkpoint_step=last,
-                )
-            )
+            await self._report_cancelled(active)
         elif result is None and active.release_reason is not None:
             await self._emit(
                 Released(
@@ -670,6 +746,8 @@ class TrainerAgent:
         self, active: ActiveJob, report: reports.CheckpointReported
     ) -> None:
         """Once Ray committed it: whoever reads the event may count on resuming from it."""
+        from swarm_trainer.run import checkpoint_key, wait_committed
+
         job, step = active.job, report.step
         # A superseded run's checkpoint concerns nobody: a new attempt of the job waits for
         # this agent to let go of it (``_retire``), so stop waiting at once.
@@ -767,6 +845,12 @@ class TrainerAgent:
         except Refused as exc:
             raise RegistrationError(f"registry refused the adapter: {exc.message}") from exc
         raise AssertionError("unreachable: tenacity reraises the last error")
+
+
+def _load_training() -> None:
+    """Import what runs a job (torch, peft, Ray Train): tens of seconds on a loaded machine,
+    paid at start-up, while the agent already heartbeats, rather than by its first job."""
+    import swarm_trainer.run  # noqa: F401
 
 
 def _ray_get(ref: Any) -> Any:
