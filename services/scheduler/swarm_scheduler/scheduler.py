@@ -350,6 +350,7 @@ class Scheduler:
             # A worker process that is starting runs nothing yet: whatever the records still
             # give this worker was its previous process's, lost with it. Taken back now rather
             # than when the lease runs out.
+            log.warning("worker %s restarted: taking back its jobs", info.worker_id)
             await self._take_back_all(info.worker_id, f"worker {info.worker_id} restarted")
         for job in heartbeat.running:
             if job.job_id in self.view.open:  # a finished job's listing keeps nothing

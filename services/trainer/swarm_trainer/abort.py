@@ -19,7 +19,7 @@ import ray
 from ray.train.v2._internal.execution.callback import ControllerCallback
 
 
-class RegisterController(ControllerCallback):  # type: ignore[misc]
+class RegisterController(ControllerCallback):
     def __init__(self, control: Any) -> None:
         self.control = control
 

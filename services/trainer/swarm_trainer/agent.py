@@ -89,10 +89,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("swarm.trainer")
 SERVICE = "trainer"
 REGISTER_TIMEOUT_S = 60.0
-# A cancelled run stops within a step of its training loop; one still going after this is
-# being started (or stopped) by Ray, which polls no flag: it is aborted, and the cancel
-# reported without waiting for Ray to finish.
-CANCEL_STOP_S = 2.0
+# A cancelled (or handed back) run stops within a step of its training loop; one still going
+# after this is being started (or stopped) by Ray, which polls no flag: it is aborted, and the
+# cancel (or a hand-back of an attempt that has trained nothing yet) reported without waiting
+# for Ray to finish.
+STOP_S = 2.0
 
 
 def default_worker_id() -> str:
@@ -130,10 +131,14 @@ class ActiveJob:
     release_reason: str | None = None
     # The record moved on (requeued, placed again, ended): this run is a stale copy.
     superseded: bool = False
-    # The `cancelled` event went out before the run had stopped (``_enforce_cancel``).
-    cancel_reported: bool = False
+    # The step the attempt resumed from (0: from the start).
+    resumed_from: int = 0
+    # Its `cancelled` or `released` went out before the run had stopped (``_enforce_stop``).
+    reported: bool = False
     started_at: datetime = field(default_factory=utcnow)
     task: asyncio.Task[None] | None = None
+    # Once a stop is asked: done when the run has stopped or its stop went out.
+    stopper: asyncio.Task[None] | None = None
     trace: JobTrace | None = None
 
     @property
@@ -255,7 +260,8 @@ class TrainerAgent:
         reason = "worker shutting down"
         for active in list(self.active.values()):
             await self._request_release(active, reason)
-        running = [a.task for a in self.active.values() if a.task is not None]
+        # Each until its run has stopped, or its hand-back went out (``_enforce_stop``).
+        running = [a.stopper for a in self.active.values() if a.stopper is not None]
         if running:
             log.info("handing back %d job(s) before exiting", len(running))
             _, late = await asyncio.wait(running, timeout=self.settings.shutdown_grace_s)
@@ -438,6 +444,7 @@ class TrainerAgent:
         active.release_reason = reason
         if active.control is not None:
             await asyncio.to_thread(_ray_get, active.control.release.remote())
+        self._watch_stop(active)
 
     async def _request_cancel(self, active: ActiveJob, reason: str) -> None:
         if active.cancel_requested:
@@ -447,19 +454,27 @@ class TrainerAgent:
         if active.control is not None:
             # Not waited for: the control actor may itself still be starting.
             await asyncio.to_thread(active.control.cancel.remote)
-        stopper = asyncio.create_task(self._enforce_cancel(active))
+        self._watch_stop(active)
+
+    def _watch_stop(self, active: ActiveJob) -> None:
+        active.stopper = stopper = asyncio.create_task(self._enforce_stop(active))
         self._stoppers.add(stopper)
         stopper.add_done_callback(self._stoppers.discard)
 
-    async def _enforce_cancel(self, active: ActiveJob) -> None:
-        """A run that has not stopped ``CANCEL_STOP_S`` after its cancel is being started (or
-        torn down) by Ray, whose training loop polls no flag yet: abort it, report the cancel
-        and let go of the job now, rather than when Ray is done (which, on a loaded machine,
-        may be a minute: its controller is killed as soon as it has started)."""
+    async def _enforce_stop(self, active: ActiveJob) -> None:
+        """A run that has not stopped ``STOP_S`` after its cancel is being started (or torn
+        down) by Ray, whose training loop polls no flag yet: abort it, report the cancel and
+        let go of the job now, rather than when Ray is done (which, on a loaded machine, may
+        be a minute: its controller is killed as soon as it has started). Likewise a hand-back
+        of an attempt that has trained no step yet: it has nothing to checkpoint."""
         if active.task is None:
             return
-        await asyncio.wait({active.task}, timeout=CANCEL_STOP_S)
+        await asyncio.wait({active.task}, timeout=STOP_S)
         if active.task.done():
+            return
+        if not active.cancel_requested and active.step > active.resumed_from:
+            # Training: the loop commits a checkpoint of its step and stops.
+            await asyncio.wait({active.task})
             return
         if active.control is not None:
             log.info("aborting the Ray run of %s#%d", active.job.job_id, active.job.attempt)
@@ -467,23 +482,33 @@ class TrainerAgent:
                 await asyncio.to_thread(active.control.abort.remote)
             except Exception:
                 log.warning("could not abort the run of %s", active.job.job_id, exc_info=True)
-        await self._report_cancelled(active)
+        await self._report_stopped(active)
         self._let_go(active)
 
-    async def _report_cancelled(self, active: ActiveJob) -> None:
-        """The attempt's `cancelled` event, once, unless the attempt is no longer the job's."""
-        if active.superseded or active.cancel_reported:
+    async def _report_stopped(self, active: ActiveJob) -> None:
+        """The attempt's `cancelled` (or `released`, when handed back) event, once, unless the
+        attempt is no longer the job's."""
+        if active.superseded or active.reported:
             return
-        active.cancel_reported = True
+        active.reported = True
         job = active.job
-        await self._emit(
-            Cancelled(
+        event: Cancelled | Released
+        if active.cancel_requested:
+            event = Cancelled(
                 job_id=job.job_id,
                 attempt=job.attempt,
                 reason=active.cancel_reason,
                 last_checkpoint_step=active.last_checkpoint_step,
             )
-        )
+        else:
+            event = Released(
+                job_id=job.job_id,
+                attempt=job.attempt,
+                worker_id=self.worker_id,
+                reason=active.release_reason or "handed back",
+                last_checkpoint_step=active.last_checkpoint_step,
+            )
+        await self._emit(event)
 
     # --- one job ---------------------------------------------------------------------------
 
@@ -520,7 +545,8 @@ class TrainerAgent:
             from swarm_trainer.control import make_channels
 
             progress, active.control = await asyncio.to_thread(make_channels)
-            if active.cancel_requested:  # came in while we were setting up: nothing to run
+            if active.cancel_requested or active.release_reason is not None:
+                # Asked while we were setting up: nothing to run, nothing to checkpoint.
                 await self._conclude(active, None)
                 return
             fit = await self._start(active, progress)
@@ -531,7 +557,7 @@ class TrainerAgent:
         except Exception as exc:
             from swarm_trainer.run import PreflightError
 
-            if active.cancel_requested:  # aborted (``_enforce_cancel``): no failure
+            if active.cancel_requested or active.reported:  # aborted (``_enforce_stop``)
                 log.info("job %s attempt %d stopped: %s", job.job_id, job.attempt, readable(exc))
             elif not isinstance(exc, PreflightError):
                 log.exception("job %s attempt %d failed", job.job_id, job.attempt)
@@ -540,8 +566,8 @@ class TrainerAgent:
             with contextlib.suppress(Exception):
                 await self._stop_if_superseded(active)
             if active.cancel_requested:
-                await self._report_cancelled(active)
-            elif not active.superseded:
+                await self._report_stopped(active)
+            elif not (active.superseded or active.reported):
                 await self._emit(self._failure(active, exc))
         finally:
             if self.active.get(job.job_id) is active:  # not a newer attempt's entry
@@ -579,7 +605,7 @@ class TrainerAgent:
             await asyncio.to_thread(_ray_get, active.control.release.remote())
         store = self.store_for(job)
         resume = await asyncio.to_thread(starting_point, job, store)
-        active.step = resume.step if resume is not None else 0
+        active.step = active.resumed_from = resume.step if resume is not None else 0
         await self._emit(
             Started(
                 job_id=job.job_id,
@@ -638,18 +664,8 @@ class TrainerAgent:
             # The scheduler already told the job's followers (requeued, ...): a terminal
             # event from this attempt would only mislead them.
             log.info("job %s attempt %d superseded; its run stopped", job.job_id, job.attempt)
-        elif active.cancel_requested:
-            await self._report_cancelled(active)
-        elif result is None and active.release_reason is not None:
-            await self._emit(
-                Released(
-                    job_id=job.job_id,
-                    attempt=job.attempt,
-                    worker_id=self.worker_id,
-                    reason=active.release_reason,
-                    last_checkpoint_step=active.last_checkpoint_step,
-                )
-            )
+        elif active.cancel_requested or (result is None and active.release_reason is not None):
+            await self._report_stopped(active)
         elif result is None:
             reason = "training stopped without a result"
             await self._emit(Failed(job_id=job.job_id, attempt=job.attempt, reason=reason))
