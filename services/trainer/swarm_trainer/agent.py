@@ -664,6 +664,8 @@ class TrainerAgent:
             # The scheduler already told the job's followers (requeued, ...): a terminal
             # event from this attempt would only mislead them.
             log.info("job %s attempt %d superseded; its run stopped", job.job_id, job.attempt)
+        elif active.reported:  # its cancel or hand-back went out while Ray still ran it
+            log.info("job %s attempt %d stopped", job.job_id, job.attempt)
         elif active.cancel_requested or (result is None and active.release_reason is not None):
             await self._report_stopped(active)
         elif result is None:
