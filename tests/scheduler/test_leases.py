@@ -3,7 +3,7 @@
 from datetime import timedelta
 
 from swarm_contracts.jobs import JobRecord, JobState, utcnow
-from swarm_scheduler.leases import LeaseClock, Overdue, overdue
+from swarm_scheduler.leases import LeaseBook, LeaseClock, Overdue, overdue
 
 from .test_placement import job
 
@@ -61,3 +61,40 @@ def test_a_cancelled_job_that_never_started_is_ended_after_a_grace() -> None:
 
 def test_queued_and_finished_jobs_hold_no_lease() -> None:
     assert check([job("job-q"), held("job-s", JobState.succeeded)], after_s=1000) == []
+
+
+def test_a_new_attempt_starts_with_a_lease_of_its_own() -> None:
+    """What was observed of attempt 1 (running for long, listed until it was lost) says
+    nothing of attempt 2: its lease counts from when attempt 2 was first seen running."""
+    book = LeaseBook()
+    first = held("job-1", JobState.running, attempt=1)
+    book.observe([first], now=0.0)
+    book.listed("job-1", 1, now=100.0)
+    assert book.last_listed(first, now=101.0) == 100.0
+
+    second = held("job-1", JobState.running, worker="w2", attempt=2)
+    book.observe([second], now=200.0)
+    assert book.last_listed(second, now=200.5) == 200.0  # not 0 (first seen) nor 100 (listed)
+    book.listed("job-1", 1, now=201.0)  # the stale worker, woken, still lists attempt 1
+    assert book.last_listed(second, now=201.5) == 200.0
+    book.listed("job-1", 2, now=202.0)
+    assert book.last_listed(second, now=202.5) == 202.0
+
+
+def test_an_attempt_not_yet_seen_running_counts_from_now() -> None:
+    book = LeaseBook()
+    book.listed("job-1", 1, now=5.0)
+    second = held("job-1", JobState.running, attempt=2)
+    assert book.last_listed(second, now=50.0) == 50.0
+    book.restart()  # a new leader counts from when it took over
+    book.observe([second], now=60.0)
+    assert book.last_listed(second, now=70.0) == 60.0
+
+
+def test_a_cancelled_running_job_its_worker_does_not_stop_is_ended_after_the_grace() -> None:
+    r = held("job-1", JobState.running)
+    r.cancel_requested, r.cancel_requested_at = True, NOW
+    assert check([r], after_s=1, listed_at=1) == []
+    assert check([r], after_s=3, listed_at=3) == [
+        Overdue("job-1", "w1", "cancel", "cancelled; worker w1 did not stop it in 2s")
+    ]

@@ -35,6 +35,8 @@ class Events:
         self.items: list[tuple[str, dict[str, Any]]] = []
         self.heartbeats: list[dict[str, Any]] = []
         self.cancel_latency_s = 0.0
+        self.stopped_latency_s = 0.0
+        self.torn_down_s = 0.0
 
     def names(self) -> list[str]:
         return [name for name, _ in self.items]
@@ -75,6 +77,7 @@ async def run_agent_job(
     cancel: bool = False,
     model_key: str | None = None,
     lora: dict[str, Any] | None = None,
+    cancel_after: str = "progress",
 ) -> tuple[Events, Assignment, Any]:
     s = Subjects(settings.namespace)
     settings = settings.model_copy(update={"worker_id": "w-test", "heartbeat_interval_s": 0.5})
@@ -109,7 +112,7 @@ async def run_agent_job(
     try:
         await publish_assignment(nc, s, job)
         if cancel:
-            await events.wait_for("progress")
+            await events.wait_for(cancel_after)
             # A reason other than the default: the `cancelled` event must carry it.
             cancel_request = CancelRequest(job_id=job.job_id, reason="pruned")
             request = envelope("gateway", "swarm.job.cancel", cancel_request)
@@ -117,6 +120,7 @@ async def run_agent_job(
             await nc.publish(s.cancel(job.job_id), request.model_dump_json().encode())
             await events.wait_for("cancelled", timeout=30)
             events.cancel_latency_s = asyncio.get_running_loop().time() - asked
+            await _stopping(events, apps[0].agent, asked)  # type: ignore[attr-defined]
         else:
             await asyncio.wait_for(_terminal(events), 180)
     finally:
@@ -124,6 +128,21 @@ async def run_agent_job(
             await app.stop()
         await nc.close()
     return events, job, build_registry
+
+
+async def _stopping(events: Events, agent: TrainerAgent, asked: float) -> None:
+    """When (since ``asked``) the agent let go of the cancelled job (its heartbeats stop
+    listing it), and when its run had stopped too."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 30
+    while loop.time() < deadline and not (
+        events.heartbeats and not events.heartbeats[-1]["running"]
+    ):
+        await asyncio.sleep(0.2)
+    events.stopped_latency_s = loop.time() - asked
+    while loop.time() < deadline + 60 and (agent.active or agent.retiring):
+        await asyncio.sleep(0.2)
+    events.torn_down_s = loop.time() - asked
 
 
 async def _terminal(events: Events) -> None:
@@ -171,6 +190,25 @@ async def test_agent_cancels_a_running_job(
     # Stopping includes Ray tearing the run's workers down (2-6 s on a loaded 2-core CI
     # machine); the bound catches a cancel that waits for the run's end or a lease instead.
     assert events.cancel_latency_s < 15.0
+
+
+async def test_a_cancel_takes_effect_within_seconds_while_ray_starts_the_run(
+    ray_cluster: None, settings: Settings, tiny_model_dir: Path
+) -> None:
+    """Until the training loop runs, nothing polls the cancel flag (here the run stalls five
+    minutes before its first step, as Ray's and the ranks' start-up take tens of seconds on a
+    loaded machine): the agent aborts the Ray run and reports the cancel within seconds."""
+    settings = settings.model_copy(update={"trainer_test_hook": "stall_start"})
+    events, _, _ = await run_agent_job(
+        settings, tiny_model_dir, {"max_steps": 1000}, cancel=True, cancel_after="started"
+    )
+    assert events.names()[-1] == "cancelled"
+    assert events.items[-1][1]["reason"] == "pruned"
+    assert events.cancel_latency_s <= 5.0
+    assert events.stopped_latency_s < 10.0  # the agent let go of the job
+    # Ray tore the run down (its controller, and with it the ranks, killed once it had
+    # started: tens of seconds on a loaded machine), not five minutes later.
+    assert events.torn_down_s < 90.0
 
 
 async def test_agent_fails_a_job_whose_model_is_missing(
@@ -231,18 +269,18 @@ async def test_a_new_attempt_of_a_job_the_agent_still_runs_stops_the_stale_run(
     settings: Settings, tiny_model_dir: Path
 ) -> None:
     """Frozen past its lease, then woken, the agent still runs attempt 1 when the scheduler
-    places attempt 2 on it again: it stops the stale run and takes the new attempt (dropping
-    it would leave the job assigned until the assign timeout)."""
+    places attempt 2 on it again: it stops the stale run and takes the new attempt at once,
+    without waiting for the stale run to stop (Ray may take a minute to stop a run it is
+    starting; dropping the new attempt would leave the job assigned until the assign timeout).
+    """
     from swarm_trainer.agent import ActiveJob
 
     agent = await bare_agent(settings)
     new = make_assignment(open_store(settings), tiny_model_dir, worker_id="w-test", attempt=2)
     stale = ActiveJob(job=new.model_copy(update={"attempt": 1}))
 
-    async def stale_run() -> None:  # stops once asked, as a run does, and lets go of the job
-        while not stale.cancel_requested:
-            await asyncio.sleep(0.05)
-        del agent.active[new.job_id]
+    async def stale_run() -> None:  # a run Ray is slow to stop
+        await asyncio.sleep(60)
 
     stale.task = asyncio.create_task(stale_run())
     agent.active[new.job_id] = stale
@@ -255,13 +293,16 @@ async def test_a_new_attempt_of_a_job_the_agent_still_runs_stops_the_stale_run(
         worker_id="w-test",
     )
     await agent.jobs.create(new.job_id, record)
-    assert await agent.accept(new)
+    assert await asyncio.wait_for(agent.accept(new), 5)
     taken = agent.active[new.job_id]
     assert taken.task is not None
     taken.task.cancel()  # before it starts: no Ray run in this test
     assert stale.superseded
-    assert stale.task.done()
+    assert stale.cancel_requested
+    assert not stale.task.done()  # still stopping, out of the way of the new attempt
+    assert stale.task in agent.retiring
     assert taken.job.attempt == 2
+    stale.task.cancel()
     await agent.broker.stop()
 
 

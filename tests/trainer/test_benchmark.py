@@ -25,7 +25,8 @@ from swarm_runtime.rpc import Refused
 from swarm_runtime.settings import Settings
 from swarm_trainer.agent import TrainerAgent
 from swarm_trainer.app import build_app
-from swarm_trainer.benchmark import Benchmarks, _in_child, measure
+from swarm_trainer.benchmark import _in_child, measure
+from swarm_trainer.benchmark_history import Benchmarks
 
 from ..conftest import ServerThread
 
@@ -104,17 +105,19 @@ async def test_an_agent_joins_measured_and_measures_again_on_request(
             with ServerThread(create_app(settings, request_timeout_s=5.0)) as gw:
                 async with httpx.AsyncClient(base_url=gw.url, timeout=30) as http:
                     for _ in range(600):
-                        if heartbeats:
+                        if alive := [h for h in heartbeats if h["state"] == "alive"]:
                             break
                         await asyncio.sleep(0.05)
                     agent = trainer.agent  # type: ignore[attr-defined]
-                    assert heartbeats, f"no heartbeat in 30 s; {agent._heartbeat_task!r}"
-                    # Measured before the first heartbeat: the scheduler never saw it unmeasured.
-                    first = heartbeats[0]["benchmark"]
+                    assert alive, f"no alive heartbeat in 30 s; {agent._heartbeat_task!r}"
+                    # It heartbeats while it starts (and measures), but says it is alive only
+                    # once measured: the scheduler never saw it alive unmeasured.
+                    assert heartbeats[0]["state"] == "starting"
+                    first = alive[0]["benchmark"]
                     assert first is not None
                     assert first["matmul_tflops"] > 0
                     assert first["train_tokens_per_s"] > 0
-                    assert heartbeats[0]["advertised_tflops"] == 1e6
+                    assert alive[0]["advertised_tflops"] == 1e6
 
                     worker = await listed(http)
                     assert worker["benchmark"] == first

@@ -199,6 +199,10 @@ class JobRecord(BaseModel):
     spec: JobSpec
     state: JobState = JobState.queued
     attempt: int = 0
+    # How many of those attempts failed (the worker lost, restarted or silent past its lease,
+    # or at fault): what ``SWARM_MAX_ATTEMPTS`` bounds. A hand-back (drain, shutdown) takes a
+    # new attempt number but counts nothing. Records written before this field read as 0.
+    faults: int = 0
     worker_id: str | None = None
     reason: str | None = None
     base_model: ModelRef | None = None

@@ -30,9 +30,12 @@ class RunningJob(BaseModel):
     step: int = 0
 
 
-# A worker's own word on itself: ``leaving`` while it shuts down (it takes no new jobs and hands
-# its running ones back from a checkpoint), ``gone`` in its last heartbeat (it has stopped).
-HeartbeatState = Literal["alive", "leaving", "gone"]
+# A worker's own word on itself: ``starting`` from the moment its process is up until it can
+# take jobs (Ray, the self-benchmark): a starting process runs nothing, so any job the records
+# still give the worker was lost with its previous process; ``leaving`` while it shuts down (it
+# takes no new jobs and hands its running ones back from a checkpoint), ``gone`` in its last
+# heartbeat (it has stopped).
+HeartbeatState = Literal["starting", "alive", "leaving", "gone"]
 # A heartbeat names at most this many cached base models (the most recently used), to stay small.
 CACHED_MODELS_MAX = 32
 
@@ -170,7 +173,7 @@ class WorkerInfo(BaseModel):
     """The scheduler's view of a worker, kept in the ``workers`` KV bucket for the gateway."""
 
     worker_id: str
-    state: str = Field(description="alive | leaving | lost | gone")
+    state: str = Field(description="starting | alive | leaving | lost | gone")
     resources: Resources
     free: Resources
     running: list[RunningJob] = Field(default_factory=list)

@@ -83,8 +83,10 @@ class Settings(BaseSettings):
     # An assignment the trainer has not confirmed with `started` in this time, or a running job
     # its worker's heartbeats have stopped listing for this long, is requeued.
     assign_timeout_s: float = 60.0
-    # A cancelled job still only assigned (never started) is ended by the scheduler after this.
-    cancel_grace_s: float = 10.0
+    # A cancelled job its worker has not reported stopped (a worker reports within about 2 s,
+    # even while Ray is still starting the run) is ended by the scheduler after this: a cancel
+    # takes effect within about this plus a second from any state.
+    cancel_grace_s: float = 4.0
     # Most jobs one tenant may have assigned or running at once; 0 means no limit.
     tenant_max_running: int = Field(default=0, ge=0)
     # Scheduler leadership: the leader renews its lease about every third of this; a follower

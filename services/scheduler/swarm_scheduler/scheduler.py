@@ -54,7 +54,7 @@ from swarm_runtime.settings import Settings
 from swarm_runtime.tasks import cancel_and_wait
 from swarm_runtime.topology import ensure_topology, kv_bucket
 from swarm_runtime.tracing import child_span, traceparent
-from swarm_scheduler.leases import LeaseClock, overdue
+from swarm_scheduler.leases import LeaseBook, LeaseClock, overdue
 from swarm_scheduler.metrics import SchedulerMetrics
 from swarm_scheduler.parents import resolve_parent
 from swarm_scheduler.placement import HOLDING, plan
@@ -111,9 +111,7 @@ class Scheduler:
         self.worker_ops = WorkerOpsView(self._ops_changed)
         self.verifications = Verifications(self)
         self._release_sent: dict[str, float] = {}  # worker id -> when it was last asked
-        # job id -> (attempt, monotonic time) of the last heartbeat of its worker listing it.
-        self._listed: dict[str, tuple[int, float]] = {}
-        self._running_seen: dict[str, float] = {}  # job id -> when this process saw it run
+        self.leases = LeaseBook()
         self._worker_kv_written: dict[str, tuple[object, float]] = {}
         self._datasets: dict[str, DatasetInfo] = {}  # content-addressed: never change
         self._models: dict[str, tuple[ModelVersion, float]] = {}
@@ -164,7 +162,7 @@ class Scheduler:
             # Like a restart: give workers a timeout's worth of heartbeats before trusting
             # that a silent one is gone, and count lease times from now.
             self._started_at = time.monotonic()
-            self._running_seen.clear()
+            self.leases.restart()
             self._unheard_checked = False
             self.wake()
         if self.on_leadership is not None:
@@ -202,8 +200,7 @@ class Scheduler:
 
     def _closed(self, job_id: str) -> None:
         # What the leases kept of a job that is no longer open.
-        self._listed.pop(job_id, None)
-        self._running_seen.pop(job_id, None)
+        self.leases.forget(job_id)
 
     async def emit(self, event: AnyJobEvent) -> None:
         # One event of a kind per attempt: a retried publish is de-duplicated by JetStream.
@@ -403,12 +400,15 @@ class Scheduler:
                 await self._write_worker(info, now)
                 await self._take_back_all(info.worker_id, "worker shut down")
             return
+        if heartbeat.state == "starting" and self.leading and info.worker_id in self.view.held:
+            # A worker process that is starting runs nothing yet: whatever the records still
+            # give this worker was its previous process's, lost with it. Taken back now rather
+            # than when the lease runs out.
+            log.warning("worker %s restarted: taking back its jobs", info.worker_id)
+            await self._take_back_all(info.worker_id, f"worker {info.worker_id} restarted")
         for job in heartbeat.running:
-            # A stale worker (frozen past its lease, then woken) still lists the old attempt
-            # until it notices: it must not hide the current attempt's confirmations.
-            listed = self._listed.get(job.job_id)
-            if listed is None or job.attempt >= listed[0]:
-                self._listed[job.job_id] = (job.attempt, now)
+            if job.job_id in self.view.open:  # a finished job's listing keeps nothing
+                self.leases.listed(job.job_id, job.attempt, now)
         if fresh:
             log.info("worker %s is alive: %s", info.worker_id, info.resources.model_dump())
             self.wake()
@@ -503,15 +503,7 @@ class Scheduler:
         if grace_over and not self._unheard_checked:
             self._unheard_checked = True
             await self._mark_unheard_workers_lost()
-        for r in self.view.open.values():
-            if r.state == JobState.running:
-                self._running_seen.setdefault(r.job_id, now)
-
-        def last_listed(r: JobRecord) -> float:
-            attempt, seen = self._listed.get(r.job_id, (0, 0.0))
-            since = self._running_seen.get(r.job_id, now)
-            return max(since, seen) if attempt == r.attempt else since
-
+        self.leases.observe(self.view.open.values(), now)
         clock = LeaseClock(
             utcnow(), now, self.settings.assign_timeout_s, self.settings.cancel_grace_s
         )
@@ -520,7 +512,7 @@ class Scheduler:
             clock,
             alive=self.workers.is_alive,
             trust_absence=lambda w: grace_over or self.workers.known(w),
-            last_listed=last_listed,
+            last_listed=lambda r: self.leases.last_listed(r, now),
         ):
             log.warning("%s %s: %s", due.action, due.job_id, due.reason)
             await self.requeue(due.job_id, due.worker_id, due.reason, cancel=due.action == "cancel")
@@ -545,18 +537,21 @@ class Scheduler:
     ) -> None:
         """Take the job back from ``worker_id``: queue it again, or end it if it must end.
 
-        ``handback``: the worker gave it back on purpose (drain, shutdown), which does not
-        count against ``max_attempts``."""
+        Every requeue takes a new attempt number, but only attempts that failed (the worker
+        lost, restarted, silent, or at fault) count against ``max_attempts`` (``faults``).
+        ``handback``: the worker gave it back on purpose (drain, shutdown): nothing failed."""
 
         def change(r: JobRecord) -> JobRecord | None:
             if r.state not in HOLDING or r.worker_id != worker_id:
                 return None
+            if not handback:
+                r.faults += 1
             if cancel:
                 r.state, r.reason = JobState.cancelled, reason
             elif r.cancel_requested:
                 r.state, r.reason = JobState.cancelled, f"cancelled ({reason})"
-            elif r.attempt >= self.settings.max_attempts and not handback:
-                r.state, r.reason = JobState.failed, f"{reason}; gave up after {r.attempt} attempts"
+            elif r.faults >= self.settings.max_attempts:
+                r.state, r.reason = JobState.failed, f"{reason}; gave up after {r.faults} attempts"
             else:
                 r.state, r.reason, r.worker_id = JobState.queued, f"requeued: {reason}", None
                 r.assigned_at = None

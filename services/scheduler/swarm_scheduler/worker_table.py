@@ -10,8 +10,9 @@ from swarm_contracts.workers import Heartbeat, WorkerInfo, WorkerOps
 from swarm_scheduler.placement import Pool
 from swarm_scheduler.speed import flags
 
-# States in which a worker still holds its jobs (a leaving one is checkpointing them).
-PRESENT = ("alive", "leaving")
+# States in which a worker is there: its jobs are not lost to silence (a leaving one is
+# checkpointing them; a starting one runs none, and the scheduler takes them back at once).
+PRESENT = ("starting", "alive", "leaving")
 
 
 @dataclass
@@ -99,7 +100,7 @@ class WorkerTable:
             or previous.info.cached_models != hb.cached_models
         ):
             self._pool = None
-        came = hb.state == "alive" and (previous is None or previous.info.state not in PRESENT)
+        came = hb.state == "alive" and (previous is None or previous.info.state != "alive")
         return info, came
 
     def alive(self) -> list[WorkerInfo]:
@@ -131,7 +132,7 @@ class WorkerTable:
         return self._pool
 
     def is_alive(self, worker_id: str) -> bool:
-        """Whether the worker still holds its jobs: alive, or leaving (checkpointing them)."""
+        """Whether the worker is there: alive, leaving (checkpointing its jobs) or starting."""
         entry = self._workers.get(worker_id)
         return entry is not None and entry.info.state in PRESENT
 
@@ -150,7 +151,7 @@ class WorkerTable:
         return lost
 
     def count_by_state(self) -> dict[str, int]:
-        counts = {"alive": 0, "leaving": 0, "lost": 0, "gone": 0}
+        counts = {"starting": 0, "alive": 0, "leaving": 0, "lost": 0, "gone": 0}
         for entry in list(self._workers.values()):
             counts[entry.info.state] = counts.get(entry.info.state, 0) + 1
         return counts

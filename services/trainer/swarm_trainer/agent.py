@@ -18,12 +18,11 @@ import time
 import uuid
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from faststream.nats import NatsBroker
 from opentelemetry import trace
 from opentelemetry.trace import NoOpTracer, Tracer
-from ray.util.queue import Queue
 from tenacity import (
     AsyncRetrying,
     retry_if_exception_type,
@@ -74,29 +73,30 @@ from swarm_runtime.store import ObjectStore, is_unreachable, open_store
 from swarm_runtime.tasks import cancel_and_wait
 from swarm_runtime.topology import ensure_topology, kv_bucket
 from swarm_trainer import reports
-from swarm_trainer.benchmark import Benchmarks, run_benchmark
+from swarm_trainer.benchmark_history import Benchmarks
 from swarm_trainer.cache import CacheSettings
 from swarm_trainer.hooks import agent_hooks
 from swarm_trainer.job_history import workers_that_ran
 from swarm_trainer.job_trace import JobTrace, note_event
 from swarm_trainer.metrics import TrainerMetrics
 from swarm_trainer.resources import detect_resources
-from swarm_trainer.run import (
-    PreflightError,
-    RunResult,
-    checkpoint_key,
-    run_job,
-    starting_point,
-    wait_committed,
-)
 from swarm_trainer.signed_store import SignedAccess, SignedStore
+
+if TYPE_CHECKING:
+    # Imported when first needed (``_load_training``): torch, peft and Ray Train take tens of
+    # seconds to import on a loaded machine, and the agent heartbeats before that.
+    from ray.util.queue import Queue
+
+    from swarm_trainer.run import RunResult
 
 log = logging.getLogger("swarm.trainer")
 SERVICE = "trainer"
 REGISTER_TIMEOUT_S = 60.0
-# How long a new attempt's assignment waits for this agent's stale run of the job to stop.
-# Less than the assignment consumer's ack wait (30 s), so that it is not redelivered meanwhile.
-RETIRE_TIMEOUT_S = 20.0
+# A cancelled (or handed back) run stops within a step of its training loop; one still going
+# after this is being started (or stopped) by Ray, which polls no flag: it is aborted, and the
+# cancel (or a hand-back of an attempt that has trained nothing yet) reported without waiting
+# for Ray to finish.
+STOP_S = 2.0
 
 
 def default_worker_id() -> str:
@@ -134,8 +134,14 @@ class ActiveJob:
     release_reason: str | None = None
     # The record moved on (requeued, placed again, ended): this run is a stale copy.
     superseded: bool = False
+    # The step the attempt resumed from (0: from the start).
+    resumed_from: int = 0
+    # Its `cancelled` or `released` went out before the run had stopped (``_enforce_stop``).
+    reported: bool = False
     started_at: datetime = field(default_factory=utcnow)
     task: asyncio.Task[None] | None = None
+    # Once a stop is asked: done when the run has stopped or its stop went out.
+    stopper: asyncio.Task[None] | None = None
     trace: JobTrace | None = None
 
     @property
@@ -156,7 +162,9 @@ class TrainerAgent:
             else None
         )
         self.worker_id = self.provider or settings.worker_id or default_worker_id()
-        self.resources = detect_resources(settings.trainer_cpus)
+        # Its GPUs are looked for in ``prepare`` (torch is slow to import), after the first
+        # heartbeat, which says "starting": nothing is placed on it before they are known.
+        self.resources = detect_resources(settings.trainer_cpus, gpus=False)
         self.labels = parse_labels(settings.worker_labels)  # SWARM_WORKER_LABELS, for placement
         # No store of its own without keys: each job's operations are granted for that job
         # (``store_for``).
@@ -168,7 +176,12 @@ class TrainerAgent:
         self.active: dict[str, ActiveJob] = {}
         # The job records (the cluster's own agents only: ``_status``).
         self.jobs: RecordTable[JobRecord] | None = None
-        # "leaving" from the moment it is asked to stop: no new jobs, running ones handed back.
+        # Superseded runs still stopping, each replaced in ``active`` by its job's new attempt.
+        self.retiring: set[asyncio.Task[None]] = set()
+        self._stoppers: set[asyncio.Task[None]] = set()
+        # "starting" while it starts up (``prepare``, ``start``: it takes no jobs yet; the
+        # scheduler takes back any job its previous process held); "leaving" from the moment it
+        # is asked to stop: no new jobs, running ones handed back.
         self.state: HeartbeatState = "alive"
         self._heartbeat_task: asyncio.Task[None] | None = None
         self._own_ray = False  # whether this agent connected Ray (then it disconnects it)
@@ -193,8 +206,15 @@ class TrainerAgent:
     # --- start and stop ------------------------------------------------------------------
 
     async def prepare(self) -> None:
-        """Before the subscribers start: the streams they bind to must exist."""
+        """Before the subscribers start: the streams they bind to must exist.
+
+        Heartbeats (``starting``) go out from the moment NATS is reached, before the slow
+        work (importing torch and Ray Train, starting Ray, the self-benchmark): the scheduler
+        then knows at once that this worker's previous process, and any job it ran, is gone,
+        and does not take this one for lost while it starts."""
         await self.broker.connect()
+        self.state = "starting"
+        self._heartbeat_task = asyncio.create_task(self._heartbeat_loop())
         js = self.broker.connection.jetstream()
         # Whether an attempt is still ours (``_status``): the cluster's own agents read the job
         # record; a provider may read no records (nor create or change streams: the cluster's
@@ -208,6 +228,8 @@ class TrainerAgent:
             lambda _: self.subjects.worker_attempt(self.worker_id),
             timeout=5.0,
         )
+        await asyncio.to_thread(_load_training)
+        self.resources = await asyncio.to_thread(detect_resources, self.settings.trainer_cpus)
         await asyncio.to_thread(self._init_ray)
 
     def _init_ray(self) -> None:
@@ -226,13 +248,19 @@ class TrainerAgent:
 
     async def start(self) -> None:
         if self.settings.benchmark_s > 0:
-            # Before the first heartbeat, while the machine is idle: once the scheduler hears
-            # of the worker it may place a job here, and a shared device measures low.
+            # While still "starting", so while the machine is idle: once the scheduler hears
+            # the worker is alive it may place a job here, and a shared device measures low.
             try:
                 await self.measure()
             except Exception:  # a worker that cannot measure itself can still train
                 log.exception("the self-benchmark failed; heartbeats go without one")
-        self._heartbeat_task = asyncio.create_task(self._heartbeat_loop())
+        if self.state == "starting":
+            self.state = "alive"
+        if self._heartbeat_task is None:  # a bare agent (tests): no prepare
+            self._heartbeat_task = asyncio.create_task(self._heartbeat_loop())
+        else:  # now rather than an interval later: jobs may be placed here from now on
+            with contextlib.suppress(Exception):
+                await self._send_heartbeat()
         log.info("trainer %s ready with %s", self.worker_id, self.resources)
 
     async def stop(self) -> None:
@@ -246,7 +274,8 @@ class TrainerAgent:
         reason = "worker shutting down"
         for active in list(self.active.values()):
             await self._request_release(active, reason)
-        running = [a.task for a in self.active.values() if a.task is not None]
+        # Each until its run has stopped, or its hand-back went out (``_enforce_stop``).
+        running = [a.stopper for a in self.active.values() if a.stopper is not None]
         if running:
             log.info("handing back %d job(s) before exiting", len(running))
             _, late = await asyncio.wait(running, timeout=self.settings.shutdown_grace_s)
@@ -261,7 +290,7 @@ class TrainerAgent:
             ]
             if t
         ]
-        await cancel_and_wait(tasks)
+        await cancel_and_wait([*tasks, *self.retiring, *self._stoppers])
         self.state = "gone"
         with contextlib.suppress(Exception):
             await self._send_heartbeat()
@@ -275,6 +304,8 @@ class TrainerAgent:
     async def measure(self, *, afresh: bool = False) -> WorkerBenchmark:
         """Run the self-benchmark (one at a time): the new result; heartbeats carry the best
         of the recent ones from now on (``Benchmarks``; ``afresh``: this one)."""
+        from swarm_trainer.benchmark import run_benchmark
+
         async with self._benchmarking:
             try:
                 result = await run_benchmark(self.settings.benchmark_s, busy=bool(self.active))
@@ -384,12 +415,14 @@ class TrainerAgent:
         running = self.active.get(job.job_id)
         if running is not None and running.job.attempt < job.attempt:
             # We still run an attempt the scheduler gave up on (this machine was frozen or cut
-            # off past its lease) and it placed the job here again: stop the stale run first,
-            # rather than drop the new attempt, which would then wait out the assign timeout.
+            # off past its lease) and it placed the job here again: the new attempt replaces
+            # the stale run, which is stopped meanwhile, rather than wait for it (Ray may take
+            # a minute to stop a run it is starting) or be dropped (the job would then wait
+            # out the assign timeout).
             await self._retire(running)
         if job.job_id in self.active:
             return False
-        if self.state != "alive":
+        if self.state in ("leaving", "gone"):
             # Placed before the scheduler heard we are leaving: our goodbye makes it take the
             # job back.
             log.info("leaving: dropping assignment %s#%d", job.job_id, job.attempt)
@@ -409,16 +442,24 @@ class TrainerAgent:
         return True
 
     async def _retire(self, active: ActiveJob) -> None:
-        """Stop a superseded run and wait (a while) until it has let go of the job."""
+        """Stop a superseded run and let go of its job at once (its run stops meanwhile)."""
         log.warning(
             "job %s attempt %d was placed again: stopping our stale run",
             active.job.job_id,
             active.job.attempt,
         )
         active.superseded = True
+        self._let_go(active)
         await self._request_cancel(active, "superseded by the scheduler")
-        if active.task is not None:
-            await asyncio.wait({active.task}, timeout=RETIRE_TIMEOUT_S)
+
+    def _let_go(self, active: ActiveJob) -> None:
+        """No longer run ``active``'s job here (heartbeats stop listing it) while its run, if
+        any, still stops in the background."""
+        if self.active.get(active.job.job_id) is active:
+            del self.active[active.job.job_id]
+        if active.task is not None and not active.task.done():
+            self.retiring.add(active.task)
+            active.task.add_done_callback(self.retiring.discard)
 
     async def cancel(self, request: CancelRequest) -> None:
         active = self.active.get(request.job_id)
@@ -439,13 +480,71 @@ class TrainerAgent:
         active.release_reason = reason
         if active.control is not None:
             await asyncio.to_thread(_ray_get, active.control.release.remote())
+        self._watch_stop(active)
 
     async def _request_cancel(self, active: ActiveJob, reason: str) -> None:
-        if not active.cancel_requested:
-            active.cancel_reason = reason
+        if active.cancel_requested:
+            return
+        active.cancel_reason = reason
         active.cancel_requested = True
         if active.control is not None:
-            await asyncio.to_thread(_ray_get, active.control.cancel.remote())
+            # Not waited for: the control actor may itself still be starting.
+            await asyncio.to_thread(active.control.cancel.remote)
+        self._watch_stop(active)
+
+    def _watch_stop(self, active: ActiveJob) -> None:
+        active.stopper = stopper = asyncio.create_task(self._enforce_stop(active))
+        self._stoppers.add(stopper)
+        stopper.add_done_callback(self._stoppers.discard)
+
+    async def _enforce_stop(self, active: ActiveJob) -> None:
+        """A run that has not stopped ``STOP_S`` after its cancel is being started (or torn
+        down) by Ray, whose training loop polls no flag yet: abort it, report the cancel and
+        let go of the job now, rather than when Ray is done (which, on a loaded machine, may
+        be a minute: its controller is killed as soon as it has started). Likewise a hand-back
+        of an attempt that has trained no step yet: it has nothing to checkpoint."""
+        if active.task is None:
+            return
+        await asyncio.wait({active.task}, timeout=STOP_S)
+        if active.task.done():
+            return
+        if not active.cancel_requested and active.step > active.resumed_from:
+            # Training: the loop commits a checkpoint of its step and stops.
+            await asyncio.wait({active.task})
+            return
+        if active.control is not None:
+            log.info("aborting the Ray run of %s#%d", active.job.job_id, active.job.attempt)
+            try:
+                await asyncio.to_thread(active.control.abort.remote)
+            except Exception:
+                log.warning("could not abort the run of %s", active.job.job_id, exc_info=True)
+        await self._report_stopped(active)
+        self._let_go(active)
+
+    async def _report_stopped(self, active: ActiveJob) -> None:
+        """The attempt's `cancelled` (or `released`, when handed back) event, once, unless the
+        attempt is no longer the job's."""
+        if active.superseded or active.reported:
+            return
+        active.reported = True
+        job = active.job
+        event: Cancelled | Released
+        if active.cancel_requested:
+            event = Cancelled(
+                job_id=job.job_id,
+                attempt=job.attempt,
+                reason=active.cancel_reason,
+                last_checkpoint_step=active.last_checkpoint_step,
+            )
+        else:
+            event = Released(
+                job_id=job.job_id,
+                attempt=job.attempt,
+                worker_id=self.worker_id,
+                reason=active.release_reason or "handed back",
+                last_checkpoint_step=active.last_checkpoint_step,
+            )
+        await self._emit(event)
 
     # --- one job ---------------------------------------------------------------------------
 
@@ -487,19 +586,29 @@ class TrainerAgent:
             from swarm_trainer.control import make_channels
 
             progress, active.control = await asyncio.to_thread(make_channels)
+            if active.cancel_requested or active.release_reason is not None:
+                # Asked while we were setting up: nothing to run, nothing to checkpoint.
+                await self._conclude(active, None)
+                return
             fit = await self._start(active, progress)
             await self._follow(active, fit, progress)
             await self._conclude(active, fit.result())
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            if not isinstance(exc, PreflightError):
+            from swarm_trainer.run import PreflightError
+
+            if active.cancel_requested or active.reported:  # aborted (``_enforce_stop``)
+                log.info("job %s attempt %d stopped: %s", job.job_id, job.attempt, readable(exc))
+            elif not isinstance(exc, PreflightError):
                 log.exception("job %s attempt %d failed", job.job_id, job.attempt)
             # A run that failed after its lease lapsed (a frozen machine, an outage) must not
             # add a final event to a job that a newer attempt now runs.
             with contextlib.suppress(Exception):
                 await self._stop_if_superseded(active)
-            if not active.superseded:
+            if active.cancel_requested:
+                await self._report_stopped(active)
+            elif not (active.superseded or active.reported):
                 await self._emit(self._failure(active, exc))
         finally:
             if self.active.get(job.job_id) is active:  # not a newer attempt's entry
@@ -509,6 +618,8 @@ class TrainerAgent:
                     await asyncio.to_thread(_kill_actors, active.control, progress)
 
     def _failure(self, active: ActiveJob, exc: Exception) -> Failed | Released:
+        from swarm_trainer.run import PreflightError
+
         ids = {"job_id": active.job.job_id, "attempt": active.job.attempt}
         if is_unreachable(exc):
             # The store is down, not the job wrong: another attempt (here or elsewhere, from
@@ -528,14 +639,14 @@ class TrainerAgent:
     ) -> asyncio.Task[RunResult | ReplayReport | None]:
         """Emit ``started`` and run the attempt on Ray (in a thread), from the checkpoint an
         earlier attempt committed, if any."""
+        from swarm_trainer.run import run_job, starting_point
+
         job = active.job
-        if active.cancel_requested:  # a cancel that came in while we were setting up
-            await asyncio.to_thread(_ray_get, active.control.cancel.remote())
-        elif active.release_reason is not None:  # likewise a hand-back
+        if active.release_reason is not None:  # a hand-back asked while we were setting up
             await asyncio.to_thread(_ray_get, active.control.release.remote())
         store = self.store_for(job)
         resume = await asyncio.to_thread(starting_point, job, store)
-        active.step = resume.step if resume is not None else 0
+        active.step = active.resumed_from = resume.step if resume is not None else 0
         await self._emit(
             Started(
                 job_id=job.job_id,
@@ -594,26 +705,10 @@ class TrainerAgent:
             # The scheduler already told the job's followers (requeued, ...): a terminal
             # event from this attempt would only mislead them.
             log.info("job %s attempt %d superseded; its run stopped", job.job_id, job.attempt)
-        elif active.cancel_requested:
-            last = active.last_checkpoint_step
-            await self._emit(
-                Cancelled(
-                    job_id=job.job_id,
-                    attempt=job.attempt,
-                    reason=active.cancel_reason,
-                    last_checkpoint_step=last,
-                )
-            )
-        elif result is None and active.release_reason is not None:
-            await self._emit(
-                Released(
-                    job_id=job.job_id,
-                    attempt=job.attempt,
-                    worker_id=self.worker_id,
-                    reason=active.release_reason,
-                    last_checkpoint_step=active.last_checkpoint_step,
-                )
-            )
+        elif active.reported:  # its cancel or hand-back went out while Ray still ran it
+            log.info("job %s attempt %d stopped", job.job_id, job.attempt)
+        elif active.cancel_requested or (result is None and active.release_reason is not None):
+            await self._report_stopped(active)
         elif result is None:
             reason = "training stopped without a result"
             await self._emit(Failed(job_id=job.job_id, attempt=job.attempt, reason=reason))
@@ -710,6 +805,8 @@ class TrainerAgent:
         self, active: ActiveJob, report: reports.CheckpointReported
     ) -> None:
         """Once Ray committed it: whoever reads the event may count on resuming from it."""
+        from swarm_trainer.run import checkpoint_key, wait_committed
+
         job, step = active.job, report.step
         # A superseded run's checkpoint concerns nobody: a new attempt of the job waits for
         # this agent to let go of it (``_retire``), so stop waiting at once.
@@ -819,6 +916,12 @@ class TrainerAgent:
         except Refused as exc:
             raise RegistrationError(f"registry refused the adapter: {exc.message}") from exc
         raise AssertionError("unreachable: tenacity reraises the last error")
+
+
+def _load_training() -> None:
+    """Import what runs a job (torch, peft, Ray Train): tens of seconds on a loaded machine,
+    paid at start-up, while the agent already heartbeats, rather than by its first job."""
+    import swarm_trainer.run  # noqa: F401
 
 
 def _ray_get(ref: Any) -> Any:

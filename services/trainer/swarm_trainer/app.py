@@ -27,7 +27,6 @@ from swarm_runtime.rpc import ServiceClient, answer
 from swarm_runtime.settings import Settings, absolute
 from swarm_runtime.tracing import setup_tracing, tracer_of
 from swarm_trainer.agent import SERVICE, TrainerAgent
-from swarm_trainer.export import export_registered
 from swarm_trainer.metrics import TrainerMetrics
 
 
@@ -91,6 +90,10 @@ def build_app(settings: Settings) -> FastStream:
         # keys (an export is no job's: nothing grants its keys).
 
         async def on_export(request: ExportAdapter) -> Reply[ExportResult]:
+            # Imported here: peft and transformers are seconds of start-up the agent's first
+            # heartbeat must not wait for (TrainerAgent.prepare).
+            from swarm_trainer.export import export_registered
+
             registry = ServiceClient(broker.connection, "registry", subjects.registry, timeout=10.0)
             return await answer(Reply[ExportResult], export_registered(registry, store, request))
 

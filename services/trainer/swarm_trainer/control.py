@@ -23,13 +23,32 @@ RELEASE = 2
 
 @ray.remote(num_cpus=0)
 class JobControl:
-    """A stop flag the training loop polls every step (a few ms of Ray round trip)."""
+    """A stop flag the training loop polls every step (a few ms of Ray round trip), and the
+    run's Ray Train controller, to abort the run while no loop polls yet (``abort``)."""
 
     def __init__(self) -> None:
         self._mode = 0
+        self._controller: Any = None
+        self._aborted = False
 
     def cancel(self) -> None:
         self._mode = CANCEL
+
+    def set_controller(self, controller: Any) -> None:
+        """The run's controller says it started (``swarm_trainer.abort``)."""
+        self._controller = controller
+        if self._aborted:  # asked before the controller was there
+            self._kill()
+
+    def abort(self) -> None:
+        """Stop the run now, wherever it is: the controller is killed (and with it the
+        ranks, which it owns) now or as soon as it starts."""
+        self._mode, self._aborted = CANCEL, True
+        self._kill()
+
+    def _kill(self) -> None:
+        if self._controller is not None:
+            ray.kill(self._controller, no_restart=True)
 
     def release(self) -> None:
         # A cancel already asked for wins: nothing is to be saved then.

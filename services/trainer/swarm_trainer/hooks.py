@@ -142,11 +142,27 @@ class SlowSteps(LoopHooks):
         time.sleep(self.seconds)
 
 
+@dataclass
+class StallStart(LoopHooks):
+    """Each run stalls ``seconds`` before its first step, where nothing polls the cancel flag
+    yet: what Ray starting the run and the ranks loading the model cost on a loaded machine
+    (tens of seconds), made long enough that only an abort from outside ends it sooner."""
+
+    seconds: float = 300.0
+    _stalled: bool = False
+
+    def before_step(self, recipe: Recipe, state: TrainState) -> None:
+        if not self._stalled:
+            self._stalled = True
+            time.sleep(self.seconds)
+
+
 # The hooks an agent can be told to run every job with (``SWARM_TRAINER_TEST_HOOK``), so that
 # a test can make a whole worker process misbehave.
 AGENT_HOOKS: dict[str, type[LoopHooks]] = {
     "perturb_checkpoints": PerturbCheckpoints,
     "slow_steps": SlowSteps,
+    "stall_start": StallStart,
 }
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 
 import psutil
-import torch
 
 from swarm_contracts.workers import Gpu, Resources
 
@@ -20,6 +19,8 @@ def detect_cpus(override: int | None = None) -> int:
 
 
 def detect_gpus() -> list[Gpu]:
+    import torch  # seconds to import: the agent heartbeats before (TrainerAgent.prepare)
+
     if not torch.cuda.is_available():
         return []
     gpus = []
@@ -29,9 +30,10 @@ def detect_gpus() -> list[Gpu]:
     return gpus
 
 
-def detect_resources(cpus: int | None = None) -> Resources:
+def detect_resources(cpus: int | None = None, gpus: bool = True) -> Resources:
+    """``gpus=False``: without looking for GPUs (which needs torch)."""
     return Resources(
         cpus=detect_cpus(cpus),
         memory_bytes=psutil.virtual_memory().total,
-        gpus=detect_gpus(),
+        gpus=detect_gpus() if gpus else [],
     )

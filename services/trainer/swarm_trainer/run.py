@@ -25,6 +25,7 @@ from swarm_contracts.verification import ReplayReport
 from swarm_contracts.workers import Assignment
 from swarm_runtime.settings import Settings
 from swarm_runtime.store import NotFound, ObjectStore
+from swarm_trainer.abort import RegisterController
 from swarm_trainer.cache import CacheSettings
 from swarm_trainer.checkpoint import (
     ResumePoint,
@@ -194,6 +195,8 @@ def run_job(
             # The job record keeps the same number of steps (JobRecord.checkpoints): a replay
             # starts and ends at checkpoints that still exist.
             checkpoint_config=CheckpointConfig(num_to_keep=CHECKPOINTS_KEPT),
+            # The controller registers with ``control``, which can then abort the run.
+            callbacks=[RegisterController(control)] if control is not None else None,
         ),
     )
     trainer.fit()
