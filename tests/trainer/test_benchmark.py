@@ -170,14 +170,15 @@ async def test_a_benchmark_taken_under_load_does_not_stand_for_ever(
     """Issue 21: the first run, slowed by other load on the machine, stayed the worker's speed.
     An idle worker measures again (every SWARM_BENCHMARK_EVERY_S, at once when its run was
     busy), and reports the best of its recent idle runs."""
-    import swarm_trainer.agent as agent_module
+    import swarm_trainer.benchmark as benchmark_module
 
     runs = iter([bench(0.2), bench(1.0), bench(0.3), bench(0.1, busy=True), bench(0.9)])
 
     async def fake_run(budget_s: float, *, busy: bool = False) -> WorkerBenchmark:
         return next(runs)
 
-    monkeypatch.setattr(agent_module, "run_benchmark", fake_run)
+    # The agent imports it when it measures (torch is imported only then).
+    monkeypatch.setattr(benchmark_module, "run_benchmark", fake_run)
     agent = TrainerAgent(
         settings.model_copy(update={"benchmark_s": 1.0, "benchmark_every_s": 0.05}), NatsBroker()
     )
