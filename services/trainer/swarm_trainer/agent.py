@@ -32,6 +32,7 @@ from tenacity import (
 )
 
 from swarm_contracts.envelope import envelope
+from swarm_contracts.evals import EvalResult
 from swarm_contracts.events import (
     Cancelled,
     CancelRequest,
@@ -661,6 +662,7 @@ class TrainerAgent:
                     step=report.step,
                     eval_loss=report.eval_loss,
                     perplexity=report.perplexity,
+                    evals=EvalResult.model_validate_json(report.evals) if report.evals else None,
                 )
                 await self._emit(validated, report.step)
             case reports.CheckpointReported():
