@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from swarm_contracts.events import Validated
 from swarm_contracts.evals import EvalResult, EvalSample
+from swarm_contracts.events import Validated
 from swarm_contracts.jobs import JobSpec
 
 BASE = {"name": "a", "base_model": "tiny", "dataset": "ds-" + "0" * 24}

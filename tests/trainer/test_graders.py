@@ -54,7 +54,8 @@ def test_score_averages_each_metric_and_keeps_a_sample_with_the_failure_reason()
     )
     rows = [EvalRow("p1", "a"), EvalRow("p2", "b"), EvalRow("p3", "c"), EvalRow("p4", "a")]
     result = score(spec, rows, ["a", "a", "c", "a"], step=7)
-    assert result.step == 7 and result.examples == 4
+    assert result.step == 7
+    assert result.examples == 4
     assert result.metrics == {"exact_match": 0.75, "choice": 0.5}
     assert [(s.prompt, s.expected, s.got) for s in result.samples] == [
         ("p1", "a", "a"),
@@ -82,14 +83,16 @@ def test_best_evaluation_by_a_task_metric_instead_of_eval_loss() -> None:
     first = Evaluation(step=5, eval_loss=1.0, perplexity=2.7, task={"exact_match": 0.9})
     second = Evaluation(step=10, eval_loss=0.5, perplexity=1.6, task={"exact_match": 0.4})
     by_loss, by_metric = TrainState(), TrainState()
-    assert by_loss.evaluated(first) and by_loss.evaluated(second)
+    assert by_loss.evaluated(first)
+    assert by_loss.evaluated(second)
     assert by_loss.best == second
     assert by_metric.evaluated(first, "exact_match")
     assert not by_metric.evaluated(second, "exact_match")
     assert by_metric.best == first
     # A tie on the metric goes to the lower eval loss.
     tie = Evaluation(step=15, eval_loss=0.7, perplexity=2.0, task={"exact_match": 0.9})
-    assert by_metric.evaluated(tie, "exact_match") and by_metric.best == tie
+    assert by_metric.evaluated(tie, "exact_match")
+    assert by_metric.best == tie
 
 
 def test_train_state_keeps_the_best_evals_through_a_checkpoint() -> None:
