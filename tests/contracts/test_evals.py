@@ -8,6 +8,7 @@ from pydantic import ValidationError
 from swarm_contracts.evals import EvalResult, EvalSample
 from swarm_contracts.events import Validated
 from swarm_contracts.jobs import JobSpec
+from swarm_contracts.sweeps import SweepSpec
 
 BASE = {"name": "a", "base_model": "tiny", "dataset": "ds-" + "0" * 24}
 
@@ -77,3 +78,30 @@ def test_the_validated_event_carries_the_task_metrics_and_sample() -> None:
     assert again.evals == result
     # Without evals the event is as before.
     assert Validated(job_id="job-1", step=5, eval_loss=1.0, perplexity=2.7).evals is None
+
+
+def sweep(base_evals: dict | None = None, **overrides: object) -> SweepSpec:
+    base = {"base_model": "tiny", "dataset": BASE["dataset"]}
+    if base_evals is not None:
+        base["evals"] = base_evals
+    return SweepSpec.model_validate(
+        {
+            "name": "s",
+            "base": base,
+            "algorithm": "random",
+            "budget": 2,
+            "search": {"training.lr": {"type": "log_uniform", "low": 1e-4, "high": 1e-2}},
+        }
+        | overrides
+    )
+
+
+def test_a_sweep_may_rank_trials_by_a_task_metric_highest_first() -> None:
+    evals = {"graders": [{"type": "exact_match"}]}
+    assert sweep(evals, metric="exact_match").mode == "max"
+    assert sweep(evals, metric="exact_match", mode="min").mode == "min"
+    assert sweep(evals).mode == "min"  # eval_loss, as before
+    with pytest.raises(ValidationError, match="base has no evals"):
+        sweep(None, metric="exact_match")
+    with pytest.raises(ValidationError, match="neither eval_loss"):
+        sweep(evals, metric="contains")
