@@ -18,6 +18,7 @@ from rich.table import Table
 
 from swarm.client import Client, SwarmError
 from swarm.completions import as_messages
+from swarm.evals_view import evals_table
 from swarm.progress import follow, report
 from swarm.sse import JobStreamEvent
 from swarm.tiny_model import create_tiny_model
@@ -297,6 +298,9 @@ def jobs_show(
         dump(record)
         return
     console.print(yaml.safe_dump(record.model_dump(mode="json"), sort_keys=False))
+    table = evals_table(record)
+    if table is not None:
+        console.print(table)
 
 
 def event_line(ev: JobStreamEvent) -> str:
