@@ -977,10 +977,19 @@ def models_add(
 
 
 @models_app.command("create-tiny")
-def models_create_tiny(out: Path) -> None:
-    """Write a tiny randomly initialised Llama model to OUT (for demos and tests)."""
-    run(lambda: create_tiny_model(out))
-    console.print(f"tiny model written to {out}")
+def models_create_tiny(
+    out: Path,
+    random: Annotated[
+        bool, typer.Option("--random", help="random weights: instant, knows nothing (tests)")
+    ] = False,
+    seed: Annotated[int, typer.Option(help="the same seed builds the same model")] = 0,
+) -> None:
+    """Write a tiny Llama model to OUT: pretrained by Swarm's trainer on a generated corpus
+    (about a minute on 2 CPU cores the first time, cached after), or --random."""
+    if not random:
+        err.print("pretraining a tiny Llama on a generated corpus (cached after the first time)")
+    cached = run(lambda: create_tiny_model(out, random=random, seed=seed))
+    console.print(f"tiny model written to {out}" + (" (from the cache)" if cached else ""))
 
 
 # --- datasets -----------------------------------------------------------------------------

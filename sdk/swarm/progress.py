@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 
 from rich.console import Console
@@ -16,13 +16,24 @@ from rich.progress import (
 )
 
 from swarm.client import Client
+from swarm_contracts.evals import EvalResult
 from swarm_contracts.jobs import JobRecord
+
+
+@dataclass
+class Evaluated:
+    """One ``validated`` event of a job with task evals."""
+
+    eval_loss: float
+    evals: EvalResult
 
 
 @dataclass
 class FollowResult:
     record: JobRecord
     eval_loss: float | None
+    # The task evaluations seen, in order (step 0: the base model's baseline).
+    evaluations: list[Evaluated] = field(default_factory=list)
 
 
 def eta(progress: dict) -> str:
@@ -49,6 +60,7 @@ def task_metrics(metrics: dict[str, float], values: dict[str, float] | None = No
 def follow(client: Client, job_id: str, console: Console) -> FollowResult:
     """Show the job's progress until it ends; return its final record and last eval loss."""
     eval_loss: float | None = None
+    evaluations: list[Evaluated] = []
     progress = Progress(
         SpinnerColumn(),
         TextColumn("[bold]{task.description}"),
@@ -80,6 +92,8 @@ def follow(client: Client, job_id: str, console: Console) -> FollowResult:
             elif ev.event == "validated":
                 eval_loss = float(p.get("eval_loss", 0.0))
                 evals = p.get("evals") or {}
+                if evals:
+                    evaluations.append(Evaluated(eval_loss, EvalResult.model_validate(evals)))
                 progress.update(
                     task, eval=f"{eval_loss:.4f}", task=task_metrics(evals.get("metrics", {}))
                 )
@@ -97,7 +111,7 @@ def follow(client: Client, job_id: str, console: Console) -> FollowResult:
     record = client.get_job(job_id)
     if eval_loss is None and "eval_loss" in record.metrics:
         eval_loss = record.metrics["eval_loss"]
-    return FollowResult(record=record, eval_loss=eval_loss)
+    return FollowResult(record=record, eval_loss=eval_loss, evaluations=evaluations)
 
 
 def report(result: FollowResult, console: Console) -> int:

@@ -50,9 +50,10 @@ def test_a_run_with_evals_grades_each_validation_and_keeps_the_best_by_its_metri
     assert result is not None
 
     validated = [m for m in drain(queue) if isinstance(m, reports.Validated)]
-    assert [m.step for m in validated] == [2, 4]
+    # Step 0: the baseline (a fresh adapter is the base model), then each validation.
+    assert [m.step for m in validated] == [0, 2, 4]
     found = [EvalResult.model_validate_json(m.evals or "") for m in validated]
-    for step, evaluation in zip((2, 4), found, strict=True):
+    for step, evaluation in zip((0, 2, 4), found, strict=True):
         assert evaluation.step == step
         assert evaluation.examples == 3
         assert set(evaluation.metrics) == {"exact_match", "regex"}

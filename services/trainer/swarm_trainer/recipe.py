@@ -312,6 +312,10 @@ def train(recipe: Recipe, state: TrainState) -> bool:
     recipe.model.train()
     recipe.train_started = time.monotonic()
     saved_step = state.step  # a resumed run starts from a committed checkpoint
+    if recipe.evals is not None and state.step == 0 and not replay:
+        # A fresh LoRA adapter changes nothing yet (its B matrices are zero): step 0's task
+        # evals are the base model's (or the parent adapter's) score, the baseline to beat.
+        validate(recipe, state)
     while state.step < end:
         recipe.hooks.before_step(recipe, state)
         if mode := recipe.reporter.stop_mode(recipe.device):
