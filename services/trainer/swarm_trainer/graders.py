@@ -12,7 +12,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import jsonschema
+import jsonschema  # type: ignore[import-untyped]
 
 from swarm_contracts.evals import Choice, Contains, ExactMatch, Grader, JsonValid, Regex
 
