@@ -104,3 +104,18 @@ def test_train_state_keeps_the_best_evals_through_a_checkpoint() -> None:
     assert again.best == state.best
     assert again.best_evals == state.best_evals
     assert again.metrics(elapsed_s=1.0).event_metrics()["exact_match"] == 1.0
+
+
+def test_an_evaluation_is_kept_in_the_lineage_as_flat_figures() -> None:
+    evaluation = Evaluation(step=5, eval_loss=1.0, perplexity=2.7, task={"exact_match": 0.9})
+    assert evaluation.figures() == {
+        "step": 5,
+        "eval_loss": 1.0,
+        "perplexity": 2.7,
+        "exact_match": 0.9,
+    }
+    assert Evaluation(step=1, eval_loss=1.0, perplexity=2.7).figures() == {
+        "step": 1,
+        "eval_loss": 1.0,
+        "perplexity": 2.7,
+    }

@@ -16,7 +16,7 @@ import re
 import socket
 import time
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -711,7 +711,7 @@ class TrainerAgent:
             lora=job.spec.lora,
             training=job.spec.training,
             metrics=metrics,
-            eval_history=[asdict(e) for e in m.eval_history],
+            eval_history=[e.figures() for e in m.eval_history],
             best_step=m.best_step,
             worker_id=self.worker_id,
             worker_ids=await workers_that_ran(

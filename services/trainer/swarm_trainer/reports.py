@@ -88,6 +88,11 @@ class Evaluation:
     perplexity: float
     task: dict[str, float] = field(default_factory=dict)  # the task evals' metrics
 
+    def figures(self) -> dict[str, float]:
+        """Flat, as the adapter's lineage keeps each evaluation: step, losses, task metrics."""
+        figures = {"step": self.step, "eval_loss": self.eval_loss, "perplexity": self.perplexity}
+        return {**figures, **self.task}
+
     def better_than(self, other: Evaluation, select_by: str | None) -> bool:
         """Lower eval loss; or, by a task metric, higher (ties: lower eval loss)."""
         if select_by is None or select_by not in self.task or select_by not in other.task:

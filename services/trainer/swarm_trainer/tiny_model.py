@@ -176,7 +176,7 @@ def create_pretrained_model(
         out = train_step(
             model, [sampler.batch(step)], optimizer, schedule, 1.0, cpu, select_logits=False
         )
-        if log and (step + 1) % 250 == 0:
+        if log and (step + 1) % 100 == 0:
             took = time.monotonic() - started
             print(f"  pretraining step {step + 1}/{steps}: loss {out.loss:.3f} ({took:.0f} s)")
     model.eval()
