@@ -15,7 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from swarm.client import Client, SwarmError
-from swarm.demo_data import SCHEMA, write_demo_datasets
+from swarm.demo_data import SCHEMA, question, write_demo_datasets
 from swarm.local_stack import LocalStack, StackError
 from swarm.progress import Evaluated, FollowResult, follow, report
 from swarm.tiny_model import create_tiny_model
@@ -173,5 +173,4 @@ def run_demo(
 
 
 def held_out_example(path: Path) -> str:
-    first = json.loads(path.read_text(encoding="utf-8").splitlines()[0])
-    return str(first["prompt"])
+    return question(json.loads(path.read_text(encoding="utf-8").splitlines()[0]))

@@ -1,10 +1,11 @@
-"""The demo's task: turn a sentence about a person into one fixed JSON shape, generated
-deterministically.
+"""The demo's task: answer a sentence about a person with one fixed JSON shape, as chats
+generated deterministically.
 
-``ada is 36 years old and lives in oslo. json:`` -> ``{"name": "ada", "age": 36, "city":
-"oslo"}``. The tiny base model (``swarm models create-tiny``) was pretrained on such sentences
-and on copying words, but has never seen JSON: it cannot answer in that shape. The held-out
-set's sentences are ones the training set never has.
+user ``ada is 36 years old and lives in oslo.`` -> assistant ``{"name": "ada", "age": 36,
+"city": "oslo"}``. The tiny base model (``swarm models create-tiny``) was pretrained on such
+sentences and on copying words, but has never seen JSON: it cannot answer in that shape. The
+held-out set's sentences are ones the training set never has. Chats, so that ``swarm chat``
+asks the adapter exactly as it was trained.
 """
 
 from __future__ import annotations
@@ -35,29 +36,42 @@ SCHEMA = {
 }
 
 
-def example(name: str, age: int, city: str) -> dict[str, str]:
+Chat = dict[str, list[dict[str, str]]]
+
+
+def sentence(name: str, age: int, city: str) -> str:
+    return f"{name} is {age} years old and lives in {city}."
+
+
+def example(name: str, age: int, city: str) -> Chat:
     answer = json.dumps({"name": name, "age": age, "city": city})
     return {
-        "prompt": f"{name} is {age} years old and lives in {city}. json:",
-        "completion": f" {answer}",
+        "messages": [
+            {"role": "user", "content": sentence(name, age, city)},
+            {"role": "assistant", "content": answer},
+        ]
     }
 
 
-def generate(n: int, seed: int, exclude: set[str] | None = None) -> list[dict[str, str]]:
-    """``n`` distinct examples, none whose prompt is in ``exclude``; the same arguments always
-    give the same list."""
+def question(row: Chat) -> str:
+    return row["messages"][0]["content"]
+
+
+def generate(n: int, seed: int, exclude: set[str] | None = None) -> list[Chat]:
+    """``n`` distinct examples, none whose question is in ``exclude``; the same arguments
+    always give the same list."""
     rng = random.Random(seed)
-    rows: list[dict[str, str]] = []
+    rows: list[Chat] = []
     seen = set(exclude or ())
     while len(rows) < n:
         row = example(rng.choice(NAMES), rng.randint(18, 90), rng.choice(CITIES))
-        if row["prompt"] not in seen:
-            seen.add(row["prompt"])
+        if question(row) not in seen:
+            seen.add(question(row))
             rows.append(row)
     return rows
 
 
-def write_jsonl(path: Path, rows: list[dict[str, str]]) -> Path:
+def write_jsonl(path: Path, rows: list[Chat]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in rows), encoding="utf-8")
     return path
@@ -66,7 +80,7 @@ def write_jsonl(path: Path, rows: list[dict[str, str]]) -> Path:
 def write_demo_datasets(directory: Path, n_train: int = 400, n_val: int = 40) -> tuple[Path, Path]:
     """The training set and the held-out set (its sentences never in training)."""
     train_rows = generate(n_train, seed=0)
-    held_out = generate(n_val, seed=1, exclude={r["prompt"] for r in train_rows})
+    held_out = generate(n_val, seed=1, exclude={question(r) for r in train_rows})
     train = write_jsonl(directory / "demo-train.jsonl", train_rows)
     val = write_jsonl(directory / "demo-heldout.jsonl", held_out)
     return train, val
