@@ -152,7 +152,7 @@ def up(
 
 @app.command()
 def demo(
-    steps: Annotated[int, typer.Option(help="training steps")] = 60,
+    steps: Annotated[int, typer.Option(help="training steps")] = 400,
     root: Annotated[Path, typer.Option(help="state directory for a temporary stack")] = Path(
         ".swarm/demo"
     ),

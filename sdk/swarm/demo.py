@@ -40,10 +40,10 @@ def demo_spec(dataset: str, held_out: str, steps: int) -> dict[str, object]:
         "training": {
             "max_steps": steps,
             "batch_size": 16,
-            "lr": 3e-3,
+            "lr": 1e-2,
             "warmup_steps": 10,
-            "seq_len": 96,
-            "eval_every": max(1, steps // 3),
+            "seq_len": 128,
+            "eval_every": max(1, steps // 4),
             "checkpoint_every": steps,
             "packing": True,
         },
