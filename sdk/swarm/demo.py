@@ -95,7 +95,7 @@ def show_results(result: FollowResult, console: Console) -> int:
         )
     table.add_section()
     table.add_row(
-        Text(f"{METRIC} rate"), Text(""), Text(f"{base_rate:.0%}"), Text(f"{tuned_rate:.0%}")
+        Text(f"{METRIC} rate"), Text(""), Text(f"{base_rate:.1%}"), Text(f"{tuned_rate:.1%}")
     )
     console.print(table)
     if tuned_rate < ADAPTER_TARGET or base_rate > BASE_TARGET:
@@ -105,7 +105,7 @@ def show_results(result: FollowResult, console: Console) -> int:
         )
         return 1
     console.print(
-        f"[bold green]the adapter learned the task[/]: {METRIC} {base_rate:.0%} -> {tuned_rate:.0%}"
+        f"[bold green]the adapter learned the task[/]: {METRIC} {base_rate:.1%} -> {tuned_rate:.1%}"
     )
     return 0
 

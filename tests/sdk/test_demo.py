@@ -42,8 +42,8 @@ def test_the_table_shows_both_answers_and_rates_and_passes_when_the_adapter_lear
     assert "cat is" in row
     assert row.count("{}") == 2  # expected and the adapter's answer
     rates = next(line for line in text.splitlines() if "exact_match rate" in line)
-    assert "0%" in rates
-    assert "95%" in rates
+    assert "0.0%" in rates
+    assert "95.0%" in rates
 
 
 def test_the_demo_fails_when_the_adapter_misses_its_target_or_the_base_already_knows() -> None:
