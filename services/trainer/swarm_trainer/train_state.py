@@ -62,14 +62,17 @@ class TrainState:
 
     def to_json(self) -> dict[str, Any]:
         """Everything but the weights, which the checkpoint writes as safetensors."""
-        return {
+        data: dict[str, Any] = {
             "step": self.step,
             "data_index": self.data_index,
-            "eval_history": [asdict(e) for e in self.eval_history],
+            "eval_history": [_evaluation_json(e) for e in self.eval_history],
             "train_loss": self.train_loss,
-            "best": asdict(self.best) if self.best else None,
-            "best_evals": self.best_evals.model_dump(mode="json") if self.best_evals else None,
+            "best": _evaluation_json(self.best) if self.best else None,
         }
+        # Without task evals, the layout checkpoints had before them.
+        if self.best_evals is not None:
+            data["best_evals"] = self.best_evals.model_dump(mode="json")
+        return data
 
     @classmethod
     def from_json(
@@ -86,6 +89,13 @@ class TrainState:
             best_weights=best_weights,
             best_evals=EvalResult.model_validate(best_evals) if best_evals else None,
         )
+
+
+def _evaluation_json(evaluation: Evaluation) -> dict[str, Any]:
+    data = asdict(evaluation)
+    if not data["task"]:
+        del data["task"]
+    return data
 
 
 class TrainMetrics(BaseModel):
