@@ -18,6 +18,7 @@ from rich.table import Table
 
 from swarm.client import Client, SwarmError
 from swarm.completions import as_messages
+from swarm.evals_view import evals_table
 from swarm.progress import follow, report
 from swarm.sse import JobStreamEvent
 from swarm.tiny_model import create_tiny_model
@@ -175,7 +176,7 @@ def up(
 
 @app.command()
 def demo(
-    steps: Annotated[int, typer.Option(help="training steps")] = 60,
+    steps: Annotated[int, typer.Option(help="training steps")] = 400,
     root: Annotated[Path, typer.Option(help="state directory for a temporary stack")] = Path(
         ".swarm/demo"
     ),
@@ -325,6 +326,9 @@ def jobs_show(
         dump(record)
         return
     console.print(yaml.safe_dump(record.model_dump(mode="json"), sort_keys=False))
+    table = evals_table(record)
+    if table is not None:
+        console.print(table)
 
 
 def event_line(ev: JobStreamEvent) -> str:
@@ -1004,10 +1008,19 @@ def models_add(
 
 
 @models_app.command("create-tiny")
-def models_create_tiny(out: Path) -> None:
-    """Write a tiny randomly initialised Llama model to OUT (for demos and tests)."""
-    run(lambda: create_tiny_model(out))
-    console.print(f"tiny model written to {out}")
+def models_create_tiny(
+    out: Path,
+    random: Annotated[
+        bool, typer.Option("--random", help="random weights: instant, knows nothing (tests)")
+    ] = False,
+    seed: Annotated[int, typer.Option(help="the same seed builds the same model")] = 0,
+) -> None:
+    """Write a tiny Llama model to OUT: pretrained by Swarm's trainer on a generated corpus
+    (about a minute on 2 CPU cores the first time, cached after), or --random."""
+    if not random:
+        err.print("pretraining a tiny Llama on a generated corpus (cached after the first time)")
+    cached = run(lambda: create_tiny_model(out, random=random, seed=seed))
+    console.print(f"tiny model written to {out}" + (" (from the cache)" if cached else ""))
 
 
 # --- datasets -----------------------------------------------------------------------------

@@ -1,10 +1,12 @@
-"""``swarm demo``: the whole flow on one machine, from a tiny model to a registered adapter,
-ending with the base model's and the adapter's answers to the same prompts."""
+"""``swarm demo``: the whole flow on one machine, from a tiny pretrained model to a registered
+adapter that does a task the base cannot (``demo_data``), measured by task evals: it ends with
+held-out prompts, the base's and the adapter's answers, and each one's exact-match rate, and
+exits 1 unless the adapter reached its target."""
 
 from __future__ import annotations
 
 import contextlib
-import time
+import json
 import uuid
 from pathlib import Path
 
@@ -13,72 +15,106 @@ from rich.table import Table
 from rich.text import Text
 
 from swarm.client import Client, SwarmError
-from swarm.demo_data import write_demo_datasets
+from swarm.demo_data import SCHEMA, question, write_demo_datasets
 from swarm.local_stack import LocalStack, StackError
-from swarm.progress import follow, report
+from swarm.progress import Evaluated, FollowResult, follow, report
 from swarm.tiny_model import create_tiny_model
 
 BASE_MODEL = "tiny-llama"
 ADAPTER = "demo-adapter"
-# Prompts of the demo's task (swarm.demo_data): the adapter learned them, the base did not.
-PROMPTS = ("reverse moon ->", "add 3 4 ->")
-SERVED_TIMEOUT_S = 90.0
 
 
-def wait_until_served(c: Client, name: str, version: int, timeout: float) -> bool:
-    """Whether an inference worker holds base model ``name@version`` within ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        for entry in c.served_models():
-            if (entry.get("kind"), entry.get("name"), entry.get("version")) == (
-                "base_model",
-                name,
-                version,
-            ) and entry.get("served"):
-                return True
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(1.0)
+# What the demo must show (README): the base cannot do the task, the adapter can.
+BASE_TARGET = 0.10
+ADAPTER_TARGET = 0.80
+METRIC = "exact_match"
 
 
-def compare_answers(c: Client, base: str, adapter: str, console: Console) -> None:
-    """The base model's and the adapter's greedy answers to the same prompts, side by side."""
-    name, _, version = base.partition("@")
-    if not wait_until_served(c, name, int(version), SERVED_TIMEOUT_S):
-        console.print(f"[yellow]no inference worker serves {base}: skipping the answers[/]")
-        return
-    table = Table(title="the same prompts, before and after fine-tuning")
-    for column in ("prompt", f"base {base}", f"adapter {adapter}"):
-        table.add_column(column)
-    for prompt in PROMPTS:
-        answers = [
-            c.complete(model, prompt, max_tokens=12, temperature=0.0, stop="\n").text
-            for model in (base, adapter)
-        ]
-        # Text, not markup: a model's answer may hold "[...]" that rich would eat.
-        table.add_row(Text(prompt), *(Text(repr(a)) for a in answers))
-    console.print(table)
-    console.print(f"chat with it: [bold]swarm chat {adapter}[/]")
-
-
-def demo_spec(dataset: str, validation: str, steps: int) -> dict[str, object]:
+def demo_spec(dataset: str, held_out: str, steps: int) -> dict[str, object]:
     return {
         "name": ADAPTER,
         "base_model": BASE_MODEL,
         "dataset": dataset,
-        "validation": validation,
-        "lora": {"r": 8, "alpha": 16, "dropout": 0.0},
+        "validation": held_out,
+        "lora": {"r": 16, "alpha": 32, "dropout": 0.0, "target_modules": "all-linear"},
         "training": {
             "max_steps": steps,
-            "batch_size": 8,
-            "lr": 2e-3,
-            "warmup_steps": 5,
-            "seq_len": 64,
-            "eval_every": 20,
-            "checkpoint_every": 20,
+            "batch_size": 16,
+            "lr": 1e-2,
+            "warmup_steps": 10,
+            "seq_len": 128,
+            "eval_every": max(1, steps // 4),
+            "checkpoint_every": steps,
+            "packing": True,
+        },
+        # Graded on the held-out set (the validation set) at step 0 (the base model, since
+        # a fresh adapter changes nothing), at each validation and at the end.
+        "evals": {
+            "graders": [
+                {"type": "exact_match"},
+                {"type": "json_valid", "schema": SCHEMA},
+            ],
+            "max_new_tokens": 48,
+            "samples": 8,
+            "select_by": METRIC,
         },
         "resources": {"workers": 1, "cpus_per_worker": 1},
     }
+
+
+def adapter_evaluation(evaluations: list[Evaluated]) -> Evaluated | None:
+    """The evaluation of the adapter the job kept: the trainer's rule for ``select_by``
+    (highest metric, then lowest eval loss), over the steps after the baseline."""
+    trained = [e for e in evaluations if e.evals.step > 0]
+    if not trained:
+        return None
+    return max(trained, key=lambda e: (e.evals.metrics.get(METRIC, 0.0), -e.eval_loss))
+
+
+def show_results(result: FollowResult, console: Console) -> int:
+    """The held-out prompts with the base's and the adapter's answers, each one's exact-match
+    rate; exit code 1 unless the adapter learned the task and the base could not do it."""
+    base = next((e for e in result.evaluations if e.evals.step == 0), None)
+    tuned = adapter_evaluation(result.evaluations)
+    if base is None or tuned is None:
+        console.print("[red]the job reported no task evals: cannot show what it learned[/]")
+        return 1
+    base_rate = base.evals.metrics.get(METRIC, 0.0)
+    tuned_rate = tuned.evals.metrics.get(METRIC, 0.0)
+    table = Table(title=f"held-out prompts ({tuned.evals.examples} in all; the first shown)")
+    for column in ("prompt", "expected", "base", f"adapter (step {tuned.evals.step})"):
+        table.add_column(column, overflow="fold")
+    answers = {s.prompt: s for s in base.evals.samples}
+    for row in tuned.evals.samples:
+        before = answers.get(row.prompt)
+        table.add_row(
+            Text(row.prompt),
+            Text(row.expected.strip()),
+            mark(before.got if before else "", before.scores.get(METRIC) if before else None),
+            mark(row.got, row.scores.get(METRIC)),
+        )
+    table.add_section()
+    table.add_row(
+        Text(f"{METRIC} rate"), Text(""), Text(f"{base_rate:.1%}"), Text(f"{tuned_rate:.1%}")
+    )
+    console.print(table)
+    if tuned_rate < ADAPTER_TARGET or base_rate > BASE_TARGET:
+        console.print(
+            f"[red]targets missed[/]: base {base_rate:.0%} (at most {BASE_TARGET:.0%}), "
+            f"adapter {tuned_rate:.0%} (at least {ADAPTER_TARGET:.0%})"
+        )
+        return 1
+    console.print(
+        f"[bold green]the adapter learned the task[/]: {METRIC} {base_rate:.1%} -> {tuned_rate:.1%}"
+    )
+    return 0
+
+
+def mark(answer: str, score: float | None) -> Text:
+    # Text, not markup: a model's answer may hold "[...]" that rich would eat.
+    shown = Text(answer.strip() or "''")
+    shown.stylize("green" if score else "red")
+    return shown
 
 
 def run_demo(
@@ -99,19 +135,21 @@ def run_demo(
         stack.callback(c.close)
         try:
             model_dir = root.resolve() / "tiny-llama"
-            if not (model_dir / "config.json").exists():
-                console.print("creating a tiny base model…")
-                create_tiny_model(model_dir)
+            console.print("a tiny base model, pretrained on a generated corpus (cached)…")
+            create_tiny_model(model_dir)
             model = c.add_model(BASE_MODEL, model_dir)
             console.print(f"base model [bold]{model.name}@{model.version}[/]")
 
-            train_path, val_path = write_demo_datasets(root.resolve() / "data")
+            train_path, held_out_path = write_demo_datasets(root.resolve() / "data")
             train = c.upload_dataset(train_path)
-            val = c.upload_dataset(val_path)
-            console.print(f"datasets: train {train.id} ({train.examples}), val {val.id}")
+            held_out = c.upload_dataset(held_out_path)
+            console.print(
+                f"task: a sentence about a person -> JSON; datasets: train {train.id} "
+                f"({train.examples}), held out {held_out.id} ({held_out.examples})"
+            )
 
             record = c.submit(
-                demo_spec(train.id, val.id, steps), idempotency_key=f"demo-{uuid.uuid4().hex}"
+                demo_spec(train.id, held_out.id, steps), idempotency_key=f"demo-{uuid.uuid4().hex}"
             )
             console.print(f"job [bold]{record.job_id}[/] submitted")
             result = follow(c, record.job_id, console)
@@ -121,15 +159,18 @@ def run_demo(
                 console.print(
                     f"registered adapter {adapter.name} v{adapter.version} at {adapter.store_key}"
                     f" (base {adapter.lineage.base_model}@{adapter.lineage.base_model_version},"
-                    f" eval_loss {adapter.lineage.metrics.get('eval_loss', 'n/a')})"
+                    f" {METRIC} {adapter.lineage.metrics.get(METRIC, 'n/a')})"
                 )
-                compare_answers(
-                    c,
-                    f"{adapter.lineage.base_model}@{adapter.lineage.base_model_version}",
-                    f"{adapter.name}@{adapter.version}",
-                    console,
+                code = show_results(result, console)
+                console.print(
+                    f"chat with it: [bold]swarm chat {adapter.name}@{adapter.version} -p "
+                    f"'{held_out_example(held_out_path)}'[/]"
                 )
             return code
         except SwarmError as exc:
             console.print(f"[red]demo failed:[/] {exc}")
             return 1
+
+
+def held_out_example(path: Path) -> str:
+    return question(json.loads(path.read_text(encoding="utf-8").splitlines()[0]))

@@ -20,15 +20,24 @@ from swarm_contracts.sweeps import Choice, IntRange, LogUniform, SweepDetail, Tr
 class LossCurves:
     train: list[tuple[int, float]] = field(default_factory=list)
     eval: list[tuple[int, float]] = field(default_factory=list)
+    # The task evals' metrics (exact_match...): metric -> (step, value)
+    task: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+
+    def add_task(self, step: int, metrics: dict[str, float]) -> None:
+        for name, value in metrics.items():
+            self.task.setdefault(name, []).append((step, float(value)))
 
 
 def loss_curves(client: Client, job_id: str) -> LossCurves:
     """From telemetry when it runs; else replayed from a finished job's own events."""
     try:
         m = client.metrics(job_id)
-        return LossCurves(
+        found = LossCurves(
             train=[(p.step, p.loss) for p in m.train], eval=[(p.step, p.eval_loss) for p in m.eval]
         )
+        for point in m.eval:
+            found.add_task(point.step, point.task)
+        return found
     except ServiceUnavailableError:
         if not client.get_job(job_id).state.terminal:
             raise  # replaying a live job's events would follow it until it ends
@@ -39,6 +48,7 @@ def loss_curves(client: Client, job_id: str) -> LossCurves:
             curves.train.append((int(p["step"]), float(p["loss"])))
         elif ev.event == "validated":
             curves.eval.append((int(p["step"]), float(p["eval_loss"])))
+            curves.add_task(int(p["step"]), (p.get("evals") or {}).get("metrics", {}))
     return curves
 
 
@@ -59,7 +69,19 @@ def write_png(curves: LossCurves, out: Path, title: str) -> None:
     plt = _pyplot()
     if not curves.train and not curves.eval:
         raise SwarmError("the job has no loss values to plot yet")
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    # Task metrics (a pass rate, 0 to 1) beside the losses, on their own axes.
+    fig, axes = plt.subplots(1, 2 if curves.task else 1, figsize=(13 if curves.task else 8, 4.5))
+    ax = axes[0] if curves.task else axes
+    if curves.task:
+        right = axes[1]
+        for name, points in curves.task.items():
+            right.plot(*zip(*points, strict=True), marker="o", label=name)
+        right.set_xlabel("step")
+        right.set_ylabel("task metric")
+        right.set_ylim(-0.02, 1.02)
+        right.set_title("task evals")
+        right.grid(alpha=0.3)
+        right.legend()
     if curves.train:
         ax.plot(*zip(*curves.train, strict=True), label="train loss")
     if curves.eval:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 
 from rich.console import Console
@@ -16,13 +16,24 @@ from rich.progress import (
 )
 
 from swarm.client import Client
+from swarm_contracts.evals import EvalResult
 from swarm_contracts.jobs import JobRecord
+
+
+@dataclass
+class Evaluated:
+    """One ``validated`` event of a job with task evals."""
+
+    eval_loss: float
+    evals: EvalResult
 
 
 @dataclass
 class FollowResult:
     record: JobRecord
     eval_loss: float | None
+    # The task evaluations seen, in order (step 0: the base model's baseline).
+    evaluations: list[Evaluated] = field(default_factory=list)
 
 
 def eta(progress: dict) -> str:
@@ -39,9 +50,17 @@ def eta(progress: dict) -> str:
     return str(timedelta(seconds=round(left)))
 
 
+def task_metrics(metrics: dict[str, float], values: dict[str, float] | None = None) -> str:
+    """``exact_match 0.93  contains 1.00``: the task evals' metrics (named by ``metrics``),
+    their values from ``values`` when given (a finished job's record: the adapter kept)."""
+    values = metrics if values is None else values
+    return "  ".join(f"{m} {values[m]:.2f}" for m in metrics if m in values)
+
+
 def follow(client: Client, job_id: str, console: Console) -> FollowResult:
     """Show the job's progress until it ends; return its final record and last eval loss."""
     eval_loss: float | None = None
+    evaluations: list[Evaluated] = []
     progress = Progress(
         SpinnerColumn(),
         TextColumn("[bold]{task.description}"),
@@ -50,13 +69,14 @@ def follow(client: Client, job_id: str, console: Console) -> FollowResult:
         TextColumn("loss {task.fields[loss]}"),
         TextColumn("{task.fields[tps]} tok/s"),
         TextColumn("eval {task.fields[eval]}"),
+        TextColumn("{task.fields[task]}"),
         TimeElapsedColumn(),
         TextColumn("eta {task.fields[eta]}"),
         console=console,
         transient=False,
     )
     with progress:
-        task = progress.add_task(job_id, total=None, loss="-", tps="-", eval="-", eta="-")
+        task = progress.add_task(job_id, total=None, loss="-", tps="-", eval="-", eta="-", task="")
         for ev in client.events(job_id):
             p = ev.payload
             if ev.event == "progress":
@@ -71,7 +91,12 @@ def follow(client: Client, job_id: str, console: Console) -> FollowResult:
                 )
             elif ev.event == "validated":
                 eval_loss = float(p.get("eval_loss", 0.0))
-                progress.update(task, eval=f"{eval_loss:.4f}")
+                evals = p.get("evals") or {}
+                if evals:
+                    evaluations.append(Evaluated(eval_loss, EvalResult.model_validate(evals)))
+                progress.update(
+                    task, eval=f"{eval_loss:.4f}", task=task_metrics(evals.get("metrics", {}))
+                )
             elif ev.event == "checkpoint":
                 progress.console.print(f"  checkpoint at step {p.get('step')}")
             elif ev.event == "requeued":
@@ -86,7 +111,7 @@ def follow(client: Client, job_id: str, console: Console) -> FollowResult:
     record = client.get_job(job_id)
     if eval_loss is None and "eval_loss" in record.metrics:
         eval_loss = record.metrics["eval_loss"]
-    return FollowResult(record=record, eval_loss=eval_loss)
+    return FollowResult(record=record, eval_loss=eval_loss, evaluations=evaluations)
 
 
 def report(result: FollowResult, console: Console) -> int:
@@ -96,7 +121,11 @@ def report(result: FollowResult, console: Console) -> int:
         adapter = record.adapter
         name = f"{adapter.name} v{adapter.version}" if adapter else "(no adapter recorded)"
         loss = f"{result.eval_loss:.4f}" if result.eval_loss is not None else "n/a"
-        console.print(f"[bold green]succeeded[/]: adapter {name}, eval loss {loss}")
+        task = task_metrics(record.evals.metrics if record.evals else {}, record.metrics)
+        console.print(
+            f"[bold green]succeeded[/]: adapter {name}, eval loss {loss}"
+            + (f", {task}" if task else "")
+        )
         return 0
     reason = f": {record.reason}" if record.reason else ""
     console.print(f"[bold red]{record.state}[/]{reason}")

@@ -441,25 +441,3 @@ async def test_a_worker_killed_mid_request_never_leaves_its_caller_hanging(
         assert expected.text.startswith(again.text)
     finally:
         await nc.close()
-
-
-def test_the_demo_ends_with_the_base_models_and_the_adapters_answers(
-    stack: Stack, adapters: dict[str, Path]
-) -> None:
-    from rich.console import Console
-
-    from swarm.demo import PROMPTS as DEMO_PROMPTS
-    from swarm.demo import compare_answers
-
-    console = Console(record=True, width=200)
-    compare_answers(stack.client, "tiny-llama@1", "inf-a@1", console)
-    shown = console.export_text()
-    for prompt in DEMO_PROMPTS:
-        base, tuned = (
-            stack.client.complete(m, prompt, max_tokens=12, temperature=0, stop="\n").text
-            for m in ("tiny-llama@1", "inf-a@1")
-        )
-        row = next(line for line in shown.splitlines() if prompt in line)
-        assert repr(tuned) in row
-        assert repr(base)[:20] in row
-    assert "swarm chat inf-a@1" in shown

@@ -88,3 +88,35 @@ async def test_known_modules_are_accepted(
     resp = await client.post("/v1/jobs", json=job(dataset, targets=targets))
     # No scheduler here: accepted, waiting to be recorded (202).
     assert resp.status_code == 202, resp.text
+
+
+async def test_task_evals_with_nothing_to_grade_are_a_422_naming_the_field(
+    stack: tuple[httpx.AsyncClient, str],
+) -> None:
+    client, text_dataset = stack
+    graders = [{"type": "exact_match"}]
+    # Plain text rows have no answers to grade.
+    resp = await client.post(
+        "/v1/jobs", json=job(text_dataset) | {"evals": {"fraction": 0.5, "graders": graders}}
+    )
+    assert resp.status_code == 422, resp.text
+    assert resp.json()["detail"][0]["loc"] == ["body", "evals", "fraction"]
+    assert "plain text rows" in resp.json()["detail"][0]["msg"]
+    # An eval set that is not there.
+    missing = "ds-" + "f" * 24
+    resp = await client.post(
+        "/v1/jobs", json=job(text_dataset) | {"evals": {"dataset": missing, "graders": graders}}
+    )
+    assert resp.status_code == 422, resp.text
+    assert resp.json()["detail"][0]["loc"] == ["body", "evals", "dataset"]
+    # No validation set and nothing held out: no rows at all.
+    rows = "".join(json.dumps({"prompt": f"q{i}", "completion": "a"}) + "\n" for i in range(4))
+    pc = await client.post("/v1/datasets", files={"file": ("pc.jsonl", rows.encode())})
+    spec = job(pc.json()["id"]) | {
+        "training": {"val_fraction": 0.0},
+        "evals": {"graders": graders},
+    }
+    resp = await client.post("/v1/jobs", json=spec)
+    assert resp.status_code == 422, resp.text
+    assert resp.json()["detail"][0]["loc"] == ["body", "training", "val_fraction"]
+    assert "would have no rows" in resp.json()["detail"][0]["msg"]

@@ -117,3 +117,27 @@ async def test_racing_registrations_promote_the_best(
     best = versions[scores.index(max(scores))]
     holder = await client.call("adapters.get", {"name": "bot", "alias": "best"})
     assert holder["result"]["version"] == best
+
+
+async def test_a_rule_on_a_task_metric_promotes_only_versions_that_reach_its_threshold(
+    client: Any, store: ObjectStore, model_files: Any
+) -> None:
+    rule = {
+        "name": "bot",
+        "alias": "production",
+        "metric": "exact_match",
+        "mode": "max",
+        "threshold": 0.9,
+        "tenant": "acme",
+    }
+    assert (await client.call("adapters.rule.set", rule))["ok"]
+    below = await add(client, store, model_files, "job-t1", metrics={"exact_match": 0.85})
+    missing = await client.call("adapters.get", {"name": "bot", "alias": "production"})
+    assert not missing["ok"], f"v{below} at 0.85 must not be promoted"
+    reached = await add(client, store, model_files, "job-t2", metrics={"exact_match": 0.9})
+    await add(client, store, model_files, "job-t3", metrics={"exact_match": 0.88})
+    holder = await client.call("adapters.get", {"name": "bot", "alias": "production"})
+    assert holder["result"]["version"] == reached
+    best = await add(client, store, model_files, "job-t4", metrics={"exact_match": 0.97})
+    holder = await client.call("adapters.get", {"name": "bot", "alias": "production"})
+    assert holder["result"]["version"] == best

@@ -1,3 +1,4 @@
+from swarm_contracts.evals import EvalResult
 from swarm_contracts.events import (
     Cancelled,
     CheckpointSaved,
@@ -6,6 +7,7 @@ from swarm_contracts.events import (
     Replayed,
     Started,
     Succeeded,
+    Validated,
 )
 from swarm_contracts.jobs import AdapterRef, JobRecord, JobSpec, JobState
 from swarm_contracts.verification import ReplayReport, VerifyTarget
@@ -137,3 +139,22 @@ def test_replayed_ends_a_replay_job_only() -> None:
     assert new is not None
     assert new.state == JobState.succeeded
     assert new.metrics["max_relative_l2"] == 0.3
+
+
+def test_validated_with_task_evals_puts_their_metrics_and_sample_in_the_record() -> None:
+    evals = EvalResult(step=5, metrics={"exact_match": 0.75}, examples=4)
+    running = record(JobState.running)
+    new = apply_event(
+        running,
+        Validated(job_id="job-1", attempt=1, step=5, eval_loss=1.0, perplexity=2.7, evals=evals),
+    )
+    assert new is not None
+    assert new.metrics["exact_match"] == 0.75
+    assert new.metrics["eval_loss"] == 1.0
+    assert new.evals == evals
+    # A later validation without evals (none ran) keeps the last evaluation.
+    later = apply_event(
+        new, Validated(job_id="job-1", attempt=1, step=6, eval_loss=0.9, perplexity=2.5)
+    )
+    assert later is not None
+    assert later.evals == evals

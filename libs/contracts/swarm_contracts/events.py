@@ -10,6 +10,7 @@ from typing import Literal, get_args
 
 from pydantic import BaseModel, Field
 
+from swarm_contracts.evals import EvalResult
 from swarm_contracts.jobs import AdapterRef, JobSpec
 from swarm_contracts.verification import ReplayReport, VerifyPolicy
 
@@ -78,6 +79,8 @@ class Validated(JobEvent):
     step: int
     eval_loss: float
     perplexity: float
+    # The task evals' metrics and sample at this step, for a job with ``evals``.
+    evals: EvalResult | None = None
 
 
 class Requeued(JobEvent):

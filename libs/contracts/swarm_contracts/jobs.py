@@ -9,6 +9,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from swarm_contracts.evals import DATASET_ID_PATTERN as DATASET_ID_PATTERN
+from swarm_contracts.evals import EvalResult, EvalSpec
 from swarm_contracts.memory import MemoryEstimate
 
 # The one naming rule (swarm_contracts.names), re-exported for code written against this module.
@@ -16,7 +18,6 @@ from swarm_contracts.names import NAME_PATTERN as NAME_PATTERN
 from swarm_contracts.verification import Verification, VerifyTarget
 
 MODEL_REF_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,62}(@[0-9]+)?$"
-DATASET_ID_PATTERN = r"^ds-[0-9a-f]{16,64}$"
 # ``name@version``, or ``name@alias`` (resolved to a version when the job is submitted).
 ADAPTER_REF_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,62}@[a-z0-9][a-z0-9_-]{0,62}$"
 
@@ -106,6 +107,8 @@ class JobSpec(Strict):
     training: TrainingSpec = Field(default_factory=TrainingSpec)
     resources: ResourceSpec = Field(default_factory=ResourceSpec)
     priority: int = Field(default=5, ge=0, le=10)
+    # Task evals: generate on held-out prompts and grade the outputs (swarm_contracts.evals).
+    evals: EvalSpec | None = None
 
 
 class SweepRef(Strict):
@@ -209,6 +212,8 @@ class JobRecord(BaseModel):
     parent: ParentAdapter | None = None
     adapter: AdapterRef | None = None
     metrics: dict[str, float] = Field(default_factory=dict)
+    # The latest task evaluation (``evals``): its metrics are in ``metrics`` too.
+    evals: EvalResult | None = None
     cancel_requested: bool = False
     # Lease bookkeeping in the record, not in a scheduler's memory, so that a new leader
     # times out an unconfirmed assignment or an unanswered cancel from the same clock.

@@ -18,6 +18,8 @@ class EvalPoint(BaseModel):
     eval_loss: float
     perplexity: float
     attempt: int = 0
+    # The task evals' metrics at this step (``exact_match``...), for a job with ``evals``.
+    task: dict[str, float] = Field(default_factory=dict)
 
 
 class JobMetrics(BaseModel):

@@ -210,13 +210,22 @@ class AliasTarget(BaseModel):
 
 
 class PromotionRule(BaseModel):
-    """Move ``alias`` to each newly registered version whose ``metric`` beats the holder's."""
+    """Move ``alias`` to each newly registered version whose ``metric`` beats the holder's
+    and, with a ``threshold``, reaches it (``exact_match`` >= 0.9: mode max, threshold 0.9)."""
 
     name: str
     alias: str
     metric: str = "eval_loss"
     mode: Literal["min", "max"] = "min"
     tenant: str | None = None
+    threshold: float | None = Field(
+        default=None, allow_inf_nan=False, description="max: at least this; min: at most this"
+    )
+
+    def reached(self, value: float) -> bool:
+        if self.threshold is None:
+            return True
+        return value >= self.threshold if self.mode == "max" else value <= self.threshold
 
 
 class AdapterPromoted(BaseModel):

@@ -26,6 +26,7 @@ from pydantic import (
 )
 
 from swarm_contracts.jobs import NAME_PATTERN, AdapterRef, JobSpec, Strict, job_id_for, utcnow
+from swarm_contracts.names import METRIC_PATTERN
 
 SWEEP_ID_PATTERN = r"^sweep-[0-9a-f]{8,64}$"
 # The alias a finished sweep gives the best trial's adapter version.
@@ -128,6 +129,8 @@ class TrialTemplate(JobSpec):
 
 
 Algorithm = Literal["random", "grid", "bayes"]
+# What every validation measures; any other sweep metric is a task eval's (``evals``).
+LOSS_METRICS = ("eval_loss", "perplexity")
 
 
 class SweepSpec(Strict):
@@ -146,8 +149,14 @@ class SweepSpec(Strict):
         description="dotted job spec field -> its range, e.g. {'training.lr': {'type': "
         "'log_uniform', 'low': 1e-5, 'high': 1e-2}}",
     )
-    metric: Literal["eval_loss", "perplexity"] = "eval_loss"
-    mode: Literal["min", "max"] = "min"
+    metric: str = Field(
+        default="eval_loss",
+        pattern=METRIC_PATTERN,
+        description="eval_loss, perplexity, or a metric of base.evals' graders (exact_match...)",
+    )
+    mode: Literal["min", "max"] = Field(
+        default="min", description="default: max for a task eval's metric, else min"
+    )
     budget: int | None = Field(
         default=None,
         ge=1,
@@ -169,10 +178,29 @@ class SweepSpec(Strict):
         default=3, ge=1, description="the sweep fails (and stops) once this many trials failed"
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _task_metric_is_maximised(cls, data: Any) -> Any:
+        # A grader's metric is a pass rate: higher is better, unless the spec says otherwise.
+        if (
+            isinstance(data, dict)
+            and "mode" not in data
+            and data.get("metric", "eval_loss") not in LOSS_METRICS
+        ):
+            return {**data, "mode": "max"}
+        return data
+
     @model_validator(mode="after")
     def _base_name(self) -> SweepSpec:
         if self.base.name not in (None, self.name):
             raise ValueError(f"base.name must be left out or equal name ({self.name!r})")
+        if self.metric not in LOSS_METRICS:
+            known = self.base.evals.metrics if self.base.evals else []
+            if self.metric not in known:
+                raise ValueError(
+                    f"metric {self.metric!r} is neither eval_loss, perplexity nor a metric of "
+                    f"base.evals' graders ({', '.join(known) or 'base has no evals'})"
+                )
         return self
 
     @field_validator("search")

@@ -114,6 +114,8 @@ class Assignment(BaseModel):
     base_model: ModelRef
     dataset: DatasetInfo
     validation: DatasetInfo | None = None
+    # ``spec.evals.dataset``, pinned like the others.
+    eval_dataset: DatasetInfo | None = None
     # Set when the job continues training an adapter (``spec.from_adapter``), pinned.
     parent: ParentAdapter | None = None
     # W3C traceparent of the placement span: the trainer's spans for this attempt are its children.

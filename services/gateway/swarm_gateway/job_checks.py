@@ -4,6 +4,8 @@ job that fails later."""
 
 from __future__ import annotations
 
+from swarm_contracts.datasets import DatasetInfo
+from swarm_contracts.evals import EvalSpec
 from swarm_contracts.jobs import JobSpec
 from swarm_contracts.refs import Ref
 from swarm_contracts.registry import AdapterVersion, GetAdapter, GetModel, ModelVersion
@@ -15,16 +17,67 @@ from swarm_runtime.rpc import Refused, Unavailable
 async def check_datasets(
     gw: Gateway, tenant: str, spec: JobSpec, loc: tuple[str, ...] = ("body",)
 ) -> None:
-    """Refuse a spec whose dataset or validation set the tenant has not uploaded."""
-    for field in ("dataset", "validation"):
-        dataset_id = getattr(spec, field)
-        if dataset_id and await gw.datasets.get(f"{tenant}.{dataset_id}") is None:
+    """Refuse a spec whose dataset, validation set or eval set the tenant has not uploaded,
+    and one whose task evals would have no row to grade."""
+    found: dict[str, DatasetInfo] = {}
+    evals = spec.evals
+    for path, dataset_id in (
+        (("dataset",), spec.dataset),
+        (("validation",), spec.validation),
+        (("evals", "dataset"), evals.dataset if evals else None),
+    ):
+        if not dataset_id:
+            continue
+        entry = await gw.datasets.get(f"{tenant}.{dataset_id}")
+        if entry is None:
             raise field_error(
                 422,
-                [*loc, field],
+                [*loc, *path],
                 f"dataset {dataset_id} not found for tenant {tenant}: upload it via /v1/datasets",
                 "not_found",
             )
+        found[path[0]] = entry[0]
+    if evals is not None:
+        check_eval_set(spec, evals, found, loc)
+
+
+def check_eval_set(
+    spec: JobSpec, evals: EvalSpec, found: dict[str, DatasetInfo], loc: tuple[str, ...]
+) -> None:
+    """The eval set the trainer will take (``EvalSpec``'s rule) must have rows with an answer
+    to grade: prompt/completion or chat rows, at least one of them."""
+    if "evals" in found:
+        source, where = found["evals"], ["evals", "dataset"]
+        rows = source.examples
+    elif evals.fraction is None and "validation" in found:
+        source, where = found["validation"], ["validation"]
+        rows = source.examples
+    else:
+        source = found["dataset"]
+        fraction = evals.fraction if evals.fraction is not None else spec.training.val_fraction
+        where = (
+            ["evals", "fraction"] if evals.fraction is not None else ["training", "val_fraction"]
+        )
+        # As ``split_holdout`` draws it: at least one row of two or more, if the fraction is > 0.
+        rows = (
+            min(source.examples - 1, max(1, round(source.examples * fraction)))
+            if (fraction > 0 and source.examples >= 2)
+            else 0
+        )
+    if rows < 1:
+        raise field_error(
+            422,
+            [*loc, *where],
+            "the task evals' held-out set would have no rows: give evals.dataset, "
+            "evals.fraction, a validation set, or a training.val_fraction above 0",
+        )
+    if source.format == "text":
+        raise field_error(
+            422,
+            [*loc, *where],
+            f"dataset {source.id} holds plain text rows: task evals need prompt/completion or "
+            "chat rows, whose answers they grade",
+        )
 
 
 async def check_parent(

@@ -175,6 +175,17 @@ class AliasBook:
                 )
                 continue
             value: float = found
+            if not rule.reached(value):
+                log.info(
+                    "%s v%d: %s %s misses the threshold %s of the rule for %r",
+                    record.name,
+                    record.version,
+                    rule.metric,
+                    value,
+                    rule.threshold,
+                    rule.alias,
+                )
+                continue
 
             def improves(
                 holder: AdapterVersion | None, rule: PromotionRule = rule, value: float = value

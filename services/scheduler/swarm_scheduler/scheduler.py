@@ -268,8 +268,12 @@ class Scheduler:
         return model
 
     async def _check_datasets(self, record: JobRecord) -> None:
-        for field in ("dataset", "validation"):
-            dataset_id = getattr(record.spec, field)
+        evals = record.spec.evals
+        for field, dataset_id in (
+            ("dataset", record.spec.dataset),
+            ("validation", record.spec.validation),
+            ("evals", evals.dataset if evals else None),
+        ):
             if dataset_id and await self._dataset(record.tenant, dataset_id) is None:
                 raise LookupError(
                     f"unknown {field} dataset {dataset_id!r} for tenant {record.tenant!r}"
@@ -639,7 +643,13 @@ class Scheduler:
             return
         dataset = await self._dataset(record.tenant, record.spec.dataset)
         validation = await self._dataset(record.tenant, record.spec.validation)
-        if dataset is None or (record.spec.validation and validation is None):
+        eval_id = record.spec.evals.dataset if record.spec.evals else None
+        eval_dataset = await self._dataset(record.tenant, eval_id)
+        if (
+            dataset is None
+            or (record.spec.validation and validation is None)
+            or (eval_id and eval_dataset is None)
+        ):
             await self._fail(job_id, "the job's dataset was deleted before it could run")
             return
 
@@ -669,6 +679,7 @@ class Scheduler:
             base_model=new.base_model,
             dataset=dataset,
             validation=validation,
+            eval_dataset=eval_dataset,
             trace_parent=traceparent(),  # the placement span: the trainer continues from it
             parent=new.parent,
             attempt_token=token,

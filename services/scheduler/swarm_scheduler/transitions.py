@@ -63,7 +63,9 @@ def apply_event(
         case Progress():
             new.metrics.update(step=event.step, loss=event.loss, tokens_per_s=event.tokens_per_s)
         case Validated():
-            new.metrics.update(eval_loss=event.eval_loss, perplexity=event.perplexity)
+            task = event.evals.metrics if event.evals else {}
+            new.metrics.update(task, eval_loss=event.eval_loss, perplexity=event.perplexity)
+            new.evals = event.evals or new.evals
         case CheckpointSaved() if event.step < record.metrics.get("checkpoint_step", 0):
             return None
         case CheckpointSaved():

@@ -377,7 +377,9 @@ class Controller:
 
     async def _evaluated(self, live: Live, n: int, event: Validated) -> None:
         spec = live.record.spec
-        value = event.eval_loss if spec.metric == "eval_loss" else event.perplexity
+        value = metric_of(event, spec.metric)
+        if value is None:
+            return  # a validation without the task evals' metric (none ran): nothing to rank
         if live.trials[n].evals.get(event.step) != value:
 
             def note(t: TrialRecord) -> TrialRecord:
@@ -612,6 +614,15 @@ class Controller:
             stream=self.subjects.sweep_events_stream,
             headers={"Nats-Msg-Id": msg_id},
         )
+
+
+def metric_of(event: Validated, metric: str) -> float | None:
+    """The sweep's metric as a validation measured it: its loss, or a task eval's metric."""
+    if metric == "eval_loss":
+        return event.eval_loss
+    if metric == "perplexity":
+        return event.perplexity
+    return event.evals.metrics.get(metric) if event.evals else None
 
 
 def _moved(before: TrialState, after: TrialState) -> Callable[[TrialRecord], TrialRecord | None]:

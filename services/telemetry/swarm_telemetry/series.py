@@ -78,6 +78,7 @@ class SeriesStore:
                 eval_loss=event.eval_loss,
                 perplexity=event.perplexity,
                 attempt=event.attempt,
+                task=event.evals.metrics if event.evals else {},
             )
         # A late event from a superseded attempt keeps its points but must not move the state
         # (a lost worker's last progress would otherwise mark a requeued job running).

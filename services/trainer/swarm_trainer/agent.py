@@ -16,7 +16,7 @@ import re
 import socket
 import time
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +31,7 @@ from tenacity import (
 )
 
 from swarm_contracts.envelope import envelope
+from swarm_contracts.evals import EvalResult
 from swarm_contracts.events import (
     Cancelled,
     CancelRequest,
@@ -796,6 +797,7 @@ class TrainerAgent:
                     step=report.step,
                     eval_loss=report.eval_loss,
                     perplexity=report.perplexity,
+                    evals=EvalResult.model_validate_json(report.evals) if report.evals else None,
                 )
                 await self._emit(validated, report.step)
             case reports.CheckpointReported():
@@ -846,7 +848,7 @@ class TrainerAgent:
             lora=job.spec.lora,
             training=job.spec.training,
             metrics=metrics,
-            eval_history=[asdict(e) for e in m.eval_history],
+            eval_history=[e.figures() for e in m.eval_history],
             best_step=m.best_step,
             worker_id=self.worker_id,
             worker_ids=await self._workers_that_ran(job),

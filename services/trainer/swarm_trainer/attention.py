@@ -97,13 +97,12 @@ def sdpa_varlen_forward(
 ) -> tuple[torch.Tensor, None]:
     """Causal sdpa over each example's span of each row ([batch, heads, L, dim] in,
     [batch, L, heads, dim] out, as transformers' attention functions)."""
-    if attention_mask is not None:
+    batch, _, length, _ = query.shape
+    # Padded rows, or decoding with a KV cache (task evals generate): plain sdpa does it.
+    if attention_mask is not None or key.shape[2] != length:
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
-    batch, _, length, _ = query.shape
-    if key.shape[2] != length:
-        raise NotImplementedError("sdpa_varlen is for training: no KV cache")
     gqa = key.shape[1] != query.shape[1]
     spans = segments(batch, length, kwargs.get("position_ids"), kwargs.get("cu_seq_lens_q"))
     rows = []

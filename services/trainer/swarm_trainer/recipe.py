@@ -24,6 +24,7 @@ import torch
 from peft import PeftModel
 from transformers import AutoTokenizer
 
+from swarm_contracts.evals import EvalSpec
 from swarm_contracts.jobs import TrainingSpec
 from swarm_contracts.layout import output_adapter, output_replay, output_result
 from swarm_contracts.workers import Assignment
@@ -59,6 +60,7 @@ from swarm_trainer.step import (
     make_optimizer,
     train_step,
 )
+from swarm_trainer.task_eval import EvalRow, eval_rows, run_evals
 from swarm_trainer.train_state import TrainState
 
 
@@ -96,11 +98,17 @@ class Recipe:
     reporter: Reporter
     hooks: LoopHooks
     fetched: Fetched  # how the base model and data came: from the cache or the store
+    tokenizer: Tokenizer
+    eval_rows: list[EvalRow]  # the task evals' held-out prompts (every rank has them all)
     train_started: float = 0.0  # time.monotonic() when ``train`` began
 
     @property
     def training(self) -> TrainingSpec:
         return self.job.spec.training
+
+    @property
+    def evals(self) -> EvalSpec | None:
+        return self.job.spec.evals
 
     @property
     def device(self) -> torch.device:
@@ -152,7 +160,11 @@ def setup(config: LoopConfig, work: Path, held: contextlib.ExitStack) -> Recipe:
     model_entry = held.enter_context(fetch.base_model(cache, store, job.base_model))
     datasets = {
         name: held.enter_context(fetch.dataset(cache, store, info))
-        for name, info in (("dataset", job.dataset), ("validation", job.validation))
+        for name, info in (
+            ("dataset", job.dataset),
+            ("validation", job.validation),
+            ("evals", job.eval_dataset),
+        )
         if info is not None
     }
     fetched = Fetched(
@@ -167,7 +179,7 @@ def setup(config: LoopConfig, work: Path, held: contextlib.ExitStack) -> Recipe:
     sharding = for_strategy(job.spec.resources.strategy)
     model = sharding.wrap(build_model(model_dir, job.spec.lora, t, parent_dir, compute, device))
 
-    sampler, val_batches = load_data(
+    sampler, val_batches, rows = load_data(
         job,
         tokenizer,
         datasets["dataset"].path / fetch.DATASET_FILE,
@@ -175,6 +187,7 @@ def setup(config: LoopConfig, work: Path, held: contextlib.ExitStack) -> Recipe:
         rank,
         world,
         compute,
+        datasets["evals"].path / fetch.DATASET_FILE if "evals" in datasets else None,
     )
     # A sharded forward is a collective: every rank evaluates as many batches as the most.
     eval_forwards = int(all_reduce_max(len(val_batches), device)) if sharding.lockstep else 0
@@ -192,7 +205,7 @@ def setup(config: LoopConfig, work: Path, held: contextlib.ExitStack) -> Recipe:
         batches=StepBatches(sampler, t.grad_accum, device),
         val_batches=val_batches,
         eval_forwards=eval_forwards,
-        has_eval=bool(all_reduce_sum([float(len(val_batches))], device)[0]),
+        has_eval=bool(rows) or bool(all_reduce_sum([float(len(val_batches))], device)[0]),
         optimizer=optimizer,
         scheduler=torch.optim.lr_scheduler.LambdaLR(
             optimizer, lr_lambda(t.warmup_steps, t.max_steps)
@@ -200,6 +213,8 @@ def setup(config: LoopConfig, work: Path, held: contextlib.ExitStack) -> Recipe:
         reporter=Reporter(config.progress, config.control, rank),
         hooks=config.hooks,
         fetched=fetched,
+        tokenizer=tokenizer,
+        eval_rows=rows,
     )
 
 
@@ -211,16 +226,33 @@ def load_data(
     rank: int,
     world: int,
     compute: Compute,
-) -> tuple[BatchSampler, list[Batch]]:
-    """(this rank's training batches, its validation batches). The held-out split is made
-    before sharding, so every rank agrees on what is validation; then each rank takes a
-    disjoint share of the training examples."""
+    eval_file: Path | None = None,
+) -> tuple[BatchSampler, list[Batch], list[EvalRow]]:
+    """(this rank's training batches, its validation batches, the task evals' rows). The
+    held-out splits are made before sharding, so every rank agrees on what is held out; then
+    each rank takes a disjoint share of the training examples.
+
+    The task evals' rows are their own dataset, or ``evals.fraction`` of the training set
+    (held out first), or else the validation set. Without a validation set of its own, the
+    eval loss is measured on the task evals' rows."""
     t = job.spec.training
+    evals = job.spec.evals
     records = read_jsonl(train_file)
+    eval_records: list[dict[str, Any]] = []
+    if evals is not None and eval_file is not None:
+        eval_records = read_jsonl(eval_file)
+    elif evals is not None and evals.fraction is not None:
+        # Another seed than validation's, so the two held-out sets are drawn independently.
+        records, eval_records = split_holdout(records, evals.fraction, t.seed + 1)
     if val_file is not None:
         val_records = read_jsonl(val_file)
     else:
         records, val_records = split_holdout(records, t.val_fraction, t.seed)
+    if evals is not None and not eval_records:
+        eval_records = val_records
+    if not val_records:
+        val_records = eval_records
+    rows = eval_rows(eval_records, evals.max_examples) if evals is not None else []
     mine = shard(range(len(records)), rank, world)
     train_examples = tokenize([records[i] for i in mine], tokenizer, t.seq_len, mine)
     val_examples = (
@@ -231,7 +263,7 @@ def load_data(
     pad_id = pad_token_id(tokenizer)
     pack_to = compute.packed_row(t.seq_len, t.batch_size) if t.packing else None
     sampler = BatchSampler(train_examples, t.batch_size, pad_id, t.seed + rank, pack_to)
-    return sampler, eval_batches(val_examples, t.batch_size, pad_id)
+    return sampler, eval_batches(val_examples, t.batch_size, pad_id), rows
 
 
 def pad_token_id(tokenizer: Tokenizer) -> int:
@@ -280,6 +312,10 @@ def train(recipe: Recipe, state: TrainState) -> bool:
     recipe.model.train()
     recipe.train_started = time.monotonic()
     saved_step = state.step  # a resumed run starts from a committed checkpoint
+    if recipe.evals is not None and state.step == 0 and not replay:
+        # A fresh LoRA adapter changes nothing yet (its B matrices are zero): step 0's task
+        # evals are the base model's (or the parent adapter's) score, the baseline to beat.
+        validate(recipe, state)
     while state.step < end:
         recipe.hooks.before_step(recipe, state)
         if mode := recipe.reporter.stop_mode(recipe.device):
@@ -337,20 +373,48 @@ def step(recipe: Recipe, state: TrainState) -> dict[str, float]:
 
 
 def validate(recipe: Recipe, state: TrainState) -> dict[str, float]:
-    """Evaluate on every rank's validation shard; the adapter a job registers is its best by
-    eval loss, not its last, so the best weights are kept."""
+    """Evaluate on every rank's validation shard, and run the task evals; the adapter a job
+    registers is its best (by eval loss, or by ``evals.select_by``), not its last, so the best
+    weights are kept.
+
+    Every rank generates on all the eval rows, the same greedy work on the same weights (a
+    sharded model's forward is a collective), so all ranks agree on which step is best."""
     started = time.monotonic()
     eval_loss, perplexity = evaluate(
         recipe.peft_model, recipe.val_batches, recipe.device, recipe.bf16, recipe.eval_forwards
     )
+    task = None
+    if recipe.evals is not None and recipe.eval_rows:
+        task = run_evals(
+            recipe.peft_model,
+            recipe.tokenizer,
+            recipe.evals,
+            recipe.eval_rows,
+            state.step,
+            recipe.device,
+            recipe.bf16,
+        )
     took = time.monotonic() - started
-    evaluation = reports.Evaluation(step=state.step, eval_loss=eval_loss, perplexity=perplexity)
-    if state.evaluated(evaluation):
-        state.best_weights = recipe.sharding.adapter_weights(recipe.peft_model)
-    recipe.reporter.send(
-        reports.Validated(step=state.step, eval_loss=eval_loss, perplexity=perplexity, eval_s=took)
+    evaluation = reports.Evaluation(
+        step=state.step,
+        eval_loss=eval_loss,
+        perplexity=perplexity,
+        task=dict(task.metrics) if task else {},
     )
-    return {"eval_loss": eval_loss, "perplexity": perplexity}
+    select_by = recipe.evals.select_by if recipe.evals is not None else None
+    if state.evaluated(evaluation, select_by):
+        state.best_weights = recipe.sharding.adapter_weights(recipe.peft_model)
+        state.best_evals = task
+    recipe.reporter.send(
+        reports.Validated(
+            step=state.step,
+            eval_loss=eval_loss,
+            perplexity=perplexity,
+            eval_s=took,
+            evals=task.model_dump_json() if task else None,
+        )
+    )
+    return {"eval_loss": eval_loss, "perplexity": perplexity, **evaluation.task}
 
 
 def save_checkpoint(recipe: Recipe, state: TrainState, metrics: dict[str, float]) -> None:

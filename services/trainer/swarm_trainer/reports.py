@@ -50,6 +50,8 @@ class Validated(_Report):
     eval_loss: float
     perplexity: float
     eval_s: float
+    # The task evals' ``EvalResult`` as JSON (the reports stay standard library only).
+    evals: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -84,3 +86,16 @@ class Evaluation:
     step: int
     eval_loss: float
     perplexity: float
+    task: dict[str, float] = field(default_factory=dict)  # the task evals' metrics
+
+    def figures(self) -> dict[str, float]:
+        """Flat, as the adapter's lineage keeps each evaluation: step, losses, task metrics."""
+        figures = {"step": self.step, "eval_loss": self.eval_loss, "perplexity": self.perplexity}
+        return {**figures, **self.task}
+
+    def better_than(self, other: Evaluation, select_by: str | None) -> bool:
+        """Lower eval loss; or, by a task metric, higher (ties: lower eval loss)."""
+        if select_by is None or select_by not in self.task or select_by not in other.task:
+            return self.eval_loss < other.eval_loss
+        mine, theirs = self.task[select_by], other.task[select_by]
+        return mine > theirs or (mine == theirs and self.eval_loss < other.eval_loss)

@@ -1,13 +1,18 @@
 """A tiny Llama-architecture model with a locally trained tokenizer, for tests and the demo.
 
-Nothing here touches the network: the tokenizer is a byte-level BPE trained on a built-in
-corpus, and the weights are random (seeded), saved in HF ``save_pretrained`` layout with
-safetensors only.
+Nothing here touches the network. ``create_tiny_model``: a byte-level BPE trained on a
+built-in corpus and random (seeded) weights, for tests that need a model fast.
+``create_pretrained_model``: a character-level model pretrained by the trainer's own step on
+a generated corpus (``synthetic``), so it knows something (copying, sums); deterministic from
+its seed, about a minute on two CPU cores. Both are saved in HF ``save_pretrained`` layout
+with safetensors only.
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -97,11 +102,101 @@ def create_tiny_model(out_dir: Path, seed: int = 0) -> Path:
     return out_dir
 
 
+def build_char_tokenizer() -> PreTrainedTokenizerFast:
+    """One token per byte (a byte-level BPE without merges): a tiny model copies and reverses
+    words letter by letter, which merged tokens would hide from it."""
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
+    for char in sorted(alphabet):
+        vocab[char] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(SPECIAL_TOKENS)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        pad_token="<pad>",
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="<unk>",
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+PRETRAIN_STEPS = 1200
+PRETRAIN_BATCH = 32
+PRETRAIN_LR = 3e-3
+
+
+def pretrained_config(vocab_size: int, **tokens: int | None) -> LlamaConfig:
+    return LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=96,
+        intermediate_size=256,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+        **tokens,
+    )
+
+
+def create_pretrained_model(
+    out_dir: Path, seed: int = 0, steps: int = PRETRAIN_STEPS, log: bool = True
+) -> Path:
+    """Pretrain a small Llama on ``synthetic.corpus`` with the trainer's own data pipeline,
+    step and schedule (full weights, no adapter), and save it with its tokenizer."""
+    # Imported here: the random model needs none of the training code.
+    from swarm_trainer.data import BatchSampler, tokenize
+    from swarm_trainer.rng import seed_everything
+    from swarm_trainer.step import lr_lambda, make_optimizer, train_step
+    from swarm_trainer.synthetic import corpus
+
+    out_dir = Path(out_dir)
+    seed_everything(seed)
+    tokenizer = build_char_tokenizer()
+    config = pretrained_config(
+        len(tokenizer),
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    model = LlamaForCausalLM(config)
+    model.config.use_cache = False
+    cpu = torch.device("cpu")
+    examples = tokenize([{"text": t} for t in corpus(steps * 4, seed)], tokenizer, seq_len=96)
+    sampler = BatchSampler(examples, PRETRAIN_BATCH, tokenizer.pad_token_id, seed)
+    optimizer = make_optimizer(model.parameters(), PRETRAIN_LR, cpu)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(steps // 20, steps))
+    model.train()
+    started = time.monotonic()
+    for step in range(steps):
+        out = train_step(
+            model, [sampler.batch(step)], optimizer, schedule, 1.0, cpu, select_logits=False
+        )
+        if log and (step + 1) % 100 == 0:
+            took = time.monotonic() - started
+            print(f"  pretraining step {step + 1}/{steps}: loss {out.loss:.3f} ({took:.0f} s)")
+    model.eval()
+    model.config.use_cache = True
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    tokenizer.save_pretrained(out_dir)
+    return out_dir
+
+
 def main(argv: list[str] | None = None) -> None:
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        raise SystemExit("usage: python -m swarm_trainer.tiny_model OUT_DIR")
-    print(create_tiny_model(Path(args[0])))
+    parser = argparse.ArgumentParser(prog="python -m swarm_trainer.tiny_model")
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--random", action="store_true", help="random weights (instant)")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    if args.random:
+        print(create_tiny_model(args.out, args.seed))
+    else:
+        print(create_pretrained_model(args.out, args.seed))
 
 
 if __name__ == "__main__":

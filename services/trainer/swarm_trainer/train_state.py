@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from pydantic import BaseModel
 
+from swarm_contracts.evals import EvalResult
 from swarm_trainer.reports import Evaluation
 
 
@@ -24,7 +25,8 @@ class TrainState:
     data_index: int = 0  # micro-batches consumed: the sampler's position
     train_loss: float | None = None  # of the last step
     eval_history: list[Evaluation] = field(default_factory=list)
-    best: Evaluation | None = None  # lowest eval loss so far
+    best: Evaluation | None = None  # lowest eval loss (or best ``select_by`` metric) so far
+    best_evals: EvalResult | None = None  # the task evals at ``best``, with their sample
     # The adapter weights at ``best`` (kept in memory: LoRA weights are small).
     best_weights: dict[str, torch.Tensor] | None = field(default=None, repr=False, compare=False)
     # step -> training loss, kept by a replay only (it reports them; a checkpoint does not).
@@ -35,10 +37,11 @@ class TrainState:
         self.data_index += micro_batches
         self.train_loss = loss
 
-    def evaluated(self, evaluation: Evaluation) -> bool:
-        """Record an evaluation; True when it is the best so far (keep its weights then)."""
+    def evaluated(self, evaluation: Evaluation, select_by: str | None = None) -> bool:
+        """Record an evaluation; True when it is the best so far (keep its weights then):
+        the lowest eval loss, or the highest ``select_by`` task metric."""
         self.eval_history.append(evaluation)
-        if self.best is None or evaluation.eval_loss < self.best.eval_loss:
+        if self.best is None or evaluation.better_than(self.best, select_by):
             self.best = evaluation
             return True
         return False
@@ -54,23 +57,29 @@ class TrainState:
             eval_loss=best.eval_loss if best else None,
             perplexity=best.perplexity if best else None,
             last_eval_loss=self.eval_history[-1].eval_loss if best else None,
+            evals=self.best_evals,
         )
 
     def to_json(self) -> dict[str, Any]:
         """Everything but the weights, which the checkpoint writes as safetensors."""
-        return {
+        data: dict[str, Any] = {
             "step": self.step,
             "data_index": self.data_index,
-            "eval_history": [asdict(e) for e in self.eval_history],
+            "eval_history": [_evaluation_json(e) for e in self.eval_history],
             "train_loss": self.train_loss,
-            "best": asdict(self.best) if self.best else None,
+            "best": _evaluation_json(self.best) if self.best else None,
         }
+        # Without task evals, the layout checkpoints had before them.
+        if self.best_evals is not None:
+            data["best_evals"] = self.best_evals.model_dump(mode="json")
+        return data
 
     @classmethod
     def from_json(
         cls, data: dict[str, Any], best_weights: dict[str, torch.Tensor] | None = None
     ) -> TrainState:
         best = data.get("best")
+        best_evals = data.get("best_evals")
         return cls(
             step=int(data["step"]),
             data_index=int(data.get("data_index", 0)),
@@ -78,7 +87,15 @@ class TrainState:
             eval_history=[Evaluation(**e) for e in data.get("eval_history", [])],
             best=Evaluation(**best) if best else None,
             best_weights=best_weights,
+            best_evals=EvalResult.model_validate(best_evals) if best_evals else None,
         )
+
+
+def _evaluation_json(evaluation: Evaluation) -> dict[str, Any]:
+    data = asdict(evaluation)
+    if not data["task"]:
+        del data["task"]
+    return data
 
 
 class TrainMetrics(BaseModel):
@@ -95,6 +112,8 @@ class TrainMetrics(BaseModel):
     eval_loss: float | None = None
     perplexity: float | None = None
     last_eval_loss: float | None = None
+    # The task evals of the adapter registered (the best evaluation's).
+    evals: EvalResult | None = None
 
     def event_metrics(self) -> dict[str, float]:
         """The figures of the ``succeeded`` event and the adapter's lineage."""
@@ -105,4 +124,5 @@ class TrainMetrics(BaseModel):
             "elapsed_s": self.elapsed_s,
             "step": self.step,
         }
-        return {name: float(v) for name, v in figures.items() if v is not None}
+        task = self.evals.metrics if self.evals else {}
+        return {name: float(v) for name, v in (figures | task).items() if v is not None}

@@ -54,6 +54,8 @@ class RuleBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     metric: str = Field(default="eval_loss", pattern=METRIC_PATTERN)
     mode: Literal["min", "max"] = "min"
+    # A version must also reach it: at least this (max), at most this (min).
+    threshold: float | None = Field(default=None, allow_inf_nan=False)
 
 
 @router.get("", response_model=AdapterList)
@@ -143,8 +145,16 @@ async def set_alias(
 async def set_rule(
     name: AdapterName, alias: AliasName, body: RuleBody, gw: GW, tenant: Tenant
 ) -> PromotionRule:
-    """Move ``alias`` to every new version whose ``metric`` beats the current holder's."""
-    rule = PromotionRule(name=name, alias=alias, metric=body.metric, mode=body.mode, tenant=tenant)
+    """Move ``alias`` to every new version whose ``metric`` beats the current holder's (and
+    reaches ``threshold``, if given: ``exact_match`` at least 0.9, say)."""
+    rule = PromotionRule(
+        name=name,
+        alias=alias,
+        metric=body.metric,
+        mode=body.mode,
+        tenant=tenant,
+        threshold=body.threshold,
+    )
     return await gw.registry.call("adapters.rule.set", rule, PromotionRule)
 
 

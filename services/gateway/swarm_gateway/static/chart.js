@@ -133,6 +133,47 @@
     }
   }
 
+  // The task evals' metrics (pass rates, 0 to 1) by step, one line per metric, from a
+  // JobMetrics' eval points ({step, task: {exact_match: 0.9, ...}}). Records on the <svg> how
+  // many metrics and points it drew; hides the <svg> for a job without task evals.
+  const SERIES = ["#2a9d8f", "#e76f51", "#8e44ad", "#f4a261", "#264653", "#e9c46a"];
+  function drawMetricChart(svg, metrics) {
+    const points = ((metrics && metrics.eval) || []).filter((p) => p.task && Object.keys(p.task).length);
+    const names = [...new Set(points.flatMap((p) => Object.keys(p.task)))];
+    svg.replaceChildren();
+    svg.setAttribute("data-metrics", names.join(","));
+    svg.setAttribute("data-metric-points", points.length);
+    svg.hidden = !names.length;
+    if (!names.length) return;
+    let x0 = Math.min(...points.map((p) => p.step)), x1 = Math.max(...points.map((p) => p.step));
+    if (x0 === x1) { x0 -= 1; x1 += 1; }
+    const sx = (s) => PAD.left + ((s - x0) / (x1 - x0)) * (W - PAD.left - PAD.right);
+    const sy = (v) => H - PAD.bottom - (v + 0.02) / 1.04 * (H - PAD.top - PAD.bottom);
+    for (const v of [0, 0.25, 0.5, 0.75, 1]) {
+      svg.appendChild(el("line", { x1: PAD.left, x2: W - PAD.right, y1: sy(v), y2: sy(v), class: "grid" }));
+      svg.appendChild(el("text", { x: PAD.left - 6, y: sy(v) + 4, "text-anchor": "end", class: "tick" }, fmt(v)));
+    }
+    for (const s of ticks(x0, x1, 6).filter((s) => Number.isInteger(s))) {
+      svg.appendChild(el("text", { x: sx(s), y: H - PAD.bottom + 16, "text-anchor": "middle", class: "tick" }, String(s)));
+    }
+    svg.appendChild(el("text", { x: W - PAD.right, y: H - 4, "text-anchor": "end", class: "tick" }, "step"));
+    svg.appendChild(el("line", { x1: PAD.left, x2: PAD.left, y1: PAD.top, y2: H - PAD.bottom, class: "axis" }));
+    svg.appendChild(el("line", { x1: PAD.left, x2: W - PAD.right, y1: H - PAD.bottom, y2: H - PAD.bottom, class: "axis" }));
+    names.forEach((name, i) => {
+      const color = SERIES[i % SERIES.length];
+      const own = points.filter((p) => Number.isFinite(p.task[name]));
+      const pts = own.map((p) => `${sx(p.step).toFixed(1)},${sy(p.task[name]).toFixed(1)}`);
+      svg.appendChild(el("polyline", { points: pts.join(" "), class: "metric", stroke: color }));
+      for (const p of own) {
+        const dot = el("circle", { cx: sx(p.step), cy: sy(p.task[name]), r: 3.5, fill: color });
+        dot.appendChild(el("title", {}, `step ${p.step}: ${name} ${fmt(p.task[name])}`));
+        svg.appendChild(dot);
+      }
+      svg.appendChild(el("text", { x: PAD.left + 8, y: PAD.top + 14 + 14 * i, class: "tick", fill: color }, name));
+    });
+  }
+
   window.drawLossChart = drawLossChart;
+  window.drawMetricChart = drawMetricChart;
   window.drawScatter = drawScatter;
 })();

@@ -198,12 +198,36 @@ function pageJobs(older) {
 
 // --- the selected job ---------------------------------------------------------------------
 
+// The task evals' metric names: each grader's name, else its type.
+function taskMetrics(job) {
+  const evals = job.spec && job.spec.evals;
+  return evals ? evals.graders.map((g) => g.name || g.type) : [];
+}
+
+// The latest task evaluation's sample: prompt, expected, got, and a mark per metric.
+function renderSamples(job) {
+  const table = $("eval-samples");
+  const evals = job.evals;
+  table.hidden = !evals || !evals.samples.length;
+  if (table.hidden) { table.replaceChildren(); return; }
+  const names = taskMetrics(job);
+  const head = h("tr", {}, ...["prompt", "expected", "got", ...names].map((n) => h("th", {}, n)));
+  const rows = evals.samples.map((s) => h("tr", {},
+    h("td", {}, s.prompt), h("td", {}, s.expected), h("td", {}, s.got),
+    ...names.map((n) => h("td", { title: (s.errors && s.errors[n]) || "" }, s.scores[n] ? "✓" : "✗"))));
+  table.replaceChildren(
+    h("caption", {}, `task evals at step ${evals.step} (${evals.examples} held-out rows)`), head, ...rows);
+}
+
 function renderSummary(job) {
   const items = [
     ["state", job.state], ["attempt", job.attempt], ["worker", job.worker_id || "—"],
     ["base model", job.spec.base_model], ["dataset", job.spec.dataset],
   ];
   if (job.metrics && job.metrics.eval_loss !== undefined) items.push(["eval loss", num(job.metrics.eval_loss)]);
+  for (const name of taskMetrics(job)) {
+    if (job.metrics && job.metrics[name] !== undefined) items.push([name, num(job.metrics[name])]);
+  }
   if (job.adapter) items.push(["adapter", `${job.adapter.name} v${job.adapter.version}`]);
   if (job.reason) items.push(["reason", job.reason]);
   const spans = items.map(([k, v]) => h("span", {}, `${k}: `, h("b", {}, v)));
@@ -225,12 +249,14 @@ async function loadSelected() {
   if (id !== state.selected) return; // another job was picked meanwhile
   state.record = job;
   renderSummary(job);
+  renderSamples(job);
   // A finished job's curves no longer change: read them until they are complete, then stop.
   if (state.metricsFinal) return;
   const ended = TERMINAL.has(job.state);
   const metrics = await api(`v1/jobs/${encodeURIComponent(id)}/metrics?max_points=500`);
   if (id !== state.selected) return;
   window.drawLossChart($("loss-chart"), metrics);
+  window.drawMetricChart($("metric-chart"), metrics);
   // Telemetry may still be taking in the last progress events when the record already says
   // the job ended: the curve is final once it reaches the record's last step (or after a few
   // more reads, for a job whose telemetry never comes).
@@ -244,7 +270,10 @@ async function loadSelected() {
 function describe(name, data) {
   switch (name) {
     case "progress": return `step ${data.step}/${data.max_steps} loss ${num(data.loss)} lr ${num(data.lr, 2)} ${num(data.tokens_per_s, 3)} tok/s`;
-    case "validated": return `step ${data.step} eval loss ${num(data.eval_loss)} ppl ${num(data.perplexity)}`;
+    case "validated": {
+      const task = data.evals ? Object.entries(data.evals.metrics).map(([k, v]) => ` ${k} ${num(v)}`).join("") : "";
+      return `step ${data.step} eval loss ${num(data.eval_loss)} ppl ${num(data.perplexity)}${task}`;
+    }
     case "checkpoint": return `step ${data.step} → ${data.store_key}`;
     case "assigned": case "started": return `worker ${data.worker_id}`;
     case "succeeded": return `adapter ${data.adapter.name} v${data.adapter.version}`;
@@ -304,6 +333,9 @@ function selectJob(id) {
   $("events").replaceChildren();
   $("events-count").textContent = "";
   window.drawLossChart($("loss-chart"), null);
+  window.drawMetricChart($("metric-chart"), null);
+  $("eval-samples").replaceChildren();
+  $("eval-samples").hidden = true;
   for (const row of document.querySelectorAll("#jobs tr.job")) {
     row.classList.toggle("selected", row.dataset.jobId === id);
   }
