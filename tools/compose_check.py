@@ -410,11 +410,15 @@ def job_spec(path: Path, name: str, train: str, val: str, steps: int) -> Path:
     return path
 
 
-def wait_job(job_id: str, timeout: float) -> dict[str, Any]:
+TERMINAL = ("succeeded", "failed", "cancelled")
+
+
+def wait_job(job_id: str, timeout: float, until: Sequence[str] = ()) -> dict[str, Any]:
+    """The job's record once it is in a state of ``until`` or has ended."""
     deadline = time.monotonic() + timeout
     while True:
         record: dict[str, Any] = swarm_json("jobs", "show", job_id)
-        if record["state"] in ("succeeded", "failed", "cancelled"):
+        if record["state"] in (*until, *TERMINAL):
             return record
         if time.monotonic() > deadline:
             raise CheckFailed(f"job {job_id} still {record['state']} after {timeout:.0f} s")
@@ -504,10 +508,11 @@ def run_check(args: argparse.Namespace, phases: Phases, stack: contextlib.ExitSt
             )  # fmt: skip
             log(f"{adapter_ref} answered: {json.dumps(answer)[:300]}")
         with phases(f"restart {RESTARTED_SERVICE} and nats mid-job"):
-            in_flight = swarm_json(
-                "submit", str(job_spec(work / "job2.yaml", "compose-check-2", train, val,
-                                       args.steps)), timeout=60,
-            )["job_id"]  # fmt: skip
+            # Longer than the first, so that the restarts land while it trains.
+            spec = job_spec(work / "job2.yaml", "compose-check-2", train, val, 3 * args.steps)
+            in_flight = swarm_json("submit", str(spec), timeout=60)["job_id"]
+            state = wait_job(in_flight, timeout=args.job_timeout, until=("running",))["state"]
+            log(f"job {in_flight} is {state}: restarting {RESTARTED_SERVICE}, then nats")
             sh(["podman", "restart", compose.container(RESTARTED_SERVICE)], env=compose.env)
             sh(["podman", "restart", compose.container("nats")], env=compose.env)
             wait_healthy(compose, services_with_healthcheck(), timeout=300)
