@@ -21,6 +21,7 @@ import hashlib
 import http.server
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -314,9 +315,9 @@ class HealthDriver:
     seconds: podman schedules health checks with systemd timers, which this host lacks, so
     without this they would stay `starting` and `service_healthy` would never be met."""
 
-    def __init__(self, services: Sequence[str], interval: float = 3.0) -> None:
-        self.services = services
-        self.interval = interval
+    def __init__(self, services: dict[str, float], tick: float = 1.0) -> None:
+        self.services = services  # name -> its check's interval (s), as compose sets it
+        self.tick = tick
         self.stopped = threading.Event()
         self.thread = threading.Thread(target=self.loop, daemon=True)
 
@@ -330,8 +331,13 @@ class HealthDriver:
 
     def loop(self) -> None:
         env = podman_env()
-        while not self.stopped.wait(self.interval):
-            for service in self.services:
+        due = dict.fromkeys(self.services, 0.0)
+        while not self.stopped.wait(self.tick):
+            for service, interval in self.services.items():
+                # At the compose interval, not faster: each failure counts toward `retries`.
+                if time.monotonic() < due[service]:
+                    continue
+                due[service] = time.monotonic() + interval
                 names = subprocess.run(
                     ["podman", "ps", "-q",
                      "--filter", f"label=com.docker.compose.project={PROJECT}",
@@ -345,13 +351,20 @@ class HealthDriver:
                     )  # fmt: skip
 
 
-def services_with_healthcheck() -> list[str]:
-    names: set[str] = set()
+def services_with_healthcheck() -> dict[str, float]:
+    """Service -> its health check's interval in seconds (compose's default: 30 s)."""
+    checks: dict[str, dict[str, Any]] = {}
     for path in COMPOSE_FILES:
         for name, service in (yaml.safe_load(path.read_text()).get("services") or {}).items():
             if (service or {}).get("healthcheck") and not (service or {}).get("profiles"):
-                names.add(name)
-    return sorted(names)
+                checks.setdefault(name, {}).update(service["healthcheck"])
+    return {name: seconds(check.get("interval", "30s")) for name, check in checks.items()}
+
+
+def seconds(duration: str) -> float:
+    units = {"ms": 0.001, "s": 1, "m": 60, "h": 3600}
+    number, unit = re.fullmatch(r"([\d.]+)(ms|s|m|h)", duration).groups()  # type: ignore[union-attr]
+    return float(number) * units[unit]
 
 
 def wait_healthy(compose: Compose, services: Sequence[str], timeout: float) -> None:
