@@ -54,6 +54,9 @@ BASE_ENV = "PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin
 NATS_SUITE = "trixie"
 NATS_PACKAGES = ("nats-server", "wget", "ca-certificates")
 TORCH = "torch==2.13.0"
+# The local torch index's port: the same one on every run, because it is part of the
+# TORCH_INDEX_URL build argument, and a different one would rebuild the torch layers.
+TORCH_INDEX_PORT = 39271
 # The host ports compose publishes (docker-compose.yml's variables): the defaults where free.
 HOST_PORTS = {
     "NATS_HOST_PORT": 4222,
@@ -252,7 +255,10 @@ def torch_index(stack: contextlib.ExitStack) -> str:
     (simple / "files").symlink_to(wheels)
 
     handler = functools.partial(QuietHandler, directory=str(simple))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    try:
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", TORCH_INDEX_PORT), handler)
+    except OSError:
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     stack.callback(server.shutdown)
     return f"http://127.0.0.1:{server.server_address[1]}/"

@@ -164,6 +164,18 @@ def test_check_override_only_substitutes(services: dict[str, Any]) -> None:
             assert service["build"] == {"network": "host"}
 
 
+def test_healthcheck_arguments_have_no_spaces(services: dict[str, Any]) -> None:
+    # podman 4.3's Docker API joins a CMD check's arguments and splits them again on spaces:
+    # `python -c "import a; b"` became `python -c import a; b` (a SyntaxError), so the service
+    # never got healthy under `make compose-check`. Docker keeps them; both work without spaces.
+    override = yaml.safe_load(CHECK_OVERRIDE.read_text())["services"]
+    for name, service in [*services.items(), *override.items()]:
+        test = (service.get("healthcheck") or {}).get("test")
+        if isinstance(test, list) and test[0] == "CMD":
+            spaced = [arg for arg in test[1:] if re.search(r"\s", arg)]
+            assert not spaced, f"{name}: {spaced}"
+
+
 def test_bind_mounts_exist(services: dict[str, Any]) -> None:
     for name, service in services.items():
         for volume in service.get("volumes") or []:
