@@ -436,7 +436,15 @@ def wait_job(job_id: str, timeout: float, until: Sequence[str] = ()) -> dict[str
     """The job's record once it is in a state of ``until`` or has ended."""
     deadline = time.monotonic() + timeout
     while True:
-        record: dict[str, Any] = swarm_json("jobs", "show", job_id)
+        try:
+            record: dict[str, Any] = swarm_json("jobs", "show", job_id)
+        except CheckFailed as exc:
+            # A gateway still reconnecting to a restarted NATS answers 503 for a moment.
+            if time.monotonic() > deadline:
+                raise
+            log(f"retrying: {str(exc).splitlines()[0]}")
+            time.sleep(2)
+            continue
         if record["state"] in (*until, *TERMINAL):
             return record
         if time.monotonic() > deadline:
@@ -538,6 +546,7 @@ def run_check(args: argparse.Namespace, phases: Phases, stack: contextlib.ExitSt
             sh(["podman", "restart", compose.container(RESTARTED_SERVICE)], env=compose.env)
             sh(["podman", "restart", compose.container("nats")], env=compose.env)
             wait_healthy(compose, services_with_healthcheck(), timeout=300)
+            wait_gateway(timeout=120)  # /healthz: 503 until it has NATS again
             record = wait_job(in_flight, timeout=args.job_timeout)
             if record["state"] != "succeeded":
                 raise CheckFailed(f"job {in_flight} (in flight at the restart) {record['state']}")
