@@ -460,6 +460,16 @@ def test_raycluster_head_runs_the_agent_on_its_own_ray(objects: list[dict[str, A
     assert int(annotations["prometheus.io/port"]) == int(env["SWARM_METRICS_PORT"])
 
 
+def test_raycluster_ray_version_is_the_images(objects: list[dict[str, Any]]) -> None:
+    # KubeRay picks its probes by rayVersion (HTTP from 2.53; before, wget, which the image
+    # lacks); it must be the Ray the trainer image installs.
+    (cluster,) = of_kind(objects, "RayCluster").values()
+    constraints = (ROOT / "services" / "trainer" / "constraints.txt").read_text()
+    pinned = re.search(r"^ray==(\S+)$", constraints, re.MULTILINE)
+    assert pinned, "services/trainer/constraints.txt no longer pins ray"
+    assert cluster["spec"]["rayVersion"] == pinned.group(1)
+
+
 def test_ray_ports_only_reachable_from_the_ray_cluster(objects: list[dict[str, Any]]) -> None:
     (cluster,) = of_kind(objects, "RayCluster").values()
     name = cluster["metadata"]["name"]
