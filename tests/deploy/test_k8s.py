@@ -406,7 +406,7 @@ def test_nats_users_are_those_of_nats_auth_conf(objects: list[dict[str, Any]]) -
     reference = authorization_block((ROOT / "deploy" / "nats" / "nats-auth.conf").read_text())
     assert ours == reference, (
         "deploy/k8s/nats/authorization.conf must hold deploy/nats/nats-auth.conf's "
-        "authorization block as it is: copy it over"
+        "authorization block as it is: run python tools/k8s_nats_auth.py"
     )
     # Every password the block reads is in the nats-server's environment, from the Secret.
     (container,) = of_kind(objects, "StatefulSet")["nats"]["spec"]["template"]["spec"]["containers"]
