@@ -8,7 +8,7 @@ PACKAGES := libs/contracts libs/runtime services/scheduler services/registry ser
 PYPROJECTS := $(addsuffix /pyproject.toml,$(PACKAGES)) requirements-dev.txt services/trainer/constraints.txt
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup demo test typecheck clean nats-server asyncapi chromium bench
+.PHONY: setup demo test typecheck clean nats-server asyncapi chromium bench compose-check
 
 setup: $(STAMP) nats-server
 
@@ -62,3 +62,9 @@ bench: setup
 	$(PY) bench/scheduler.py --workers 100 1000 --burst 2000 --seconds 10 --repeat 5
 	$(PY) bench/inference.py --adapters 1 8 32 --requests 32 --tokens 16 --repeats 3 --threads 1
 	$(PY) bench/model_cache.py --repeats 3 --link-mbit 0 200
+
+# Not part of `make test` (the first run builds every image): docker-compose.yml for real,
+# through podman, with images made offline from Debian packages; installs podman, runc,
+# docker-compose and mmdebstrap with apt-get when missing. Phases and times: docs/deploy.md.
+compose-check: setup
+	$(PY) tools/compose_check.py

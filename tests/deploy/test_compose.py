@@ -21,6 +21,8 @@ SERVICES = ("gateway", "scheduler", "trainer", "registry", "telemetry", "sweeps"
 ML_SERVICES = ("trainer", "inference")
 INFRA = ("nats", "minio", "minio-init")
 HTTP_PORTS = {"gateway": 8080, "telemetry": 8081}
+CHECK_OVERRIDE = ROOT / "deploy" / "compose-check" / "override.yml"
+VARIABLE = re.compile(r"\$\{(\w+):-([^}]*)\}")
 
 
 @pytest.fixture(scope="module")
@@ -42,6 +44,15 @@ def env_of(service: dict[str, Any]) -> dict[str, str]:
     return {k: str(v) for k, v in env.items()}
 
 
+def default_of(value: str) -> str:
+    """A compose value with each ``${VAR:-default}`` as users get it: the default."""
+    return VARIABLE.sub(lambda m: m.group(2), value)
+
+
+def image_of(service: dict[str, Any]) -> str:
+    return default_of(service["image"])
+
+
 def command_of(service: dict[str, Any], key: str = "command") -> list[str]:
     cmd = service.get(key) or []
     return shlex.split(cmd) if isinstance(cmd, str) else [str(c) for c in cmd]
@@ -60,7 +71,7 @@ def published_ports(service: dict[str, Any]) -> set[int]:
             ports.add(int(entry["published"]))
         else:
             # "8080:8080", "127.0.0.1:8080:8080", "8080:8080/tcp"
-            parts = str(entry).split("/")[0].split(":")
+            parts = default_of(str(entry)).split("/")[0].split(":")
             ports.add(int(parts[-2] if len(parts) > 1 else parts[-1]))
     return ports
 
@@ -102,6 +113,8 @@ def test_shared_env_anchor(compose: dict[str, Any]) -> None:
 def test_images_pinned(services: dict[str, Any]) -> None:
     for name, service in services.items():
         image = service.get("image")
+        if image is not None:
+            image = default_of(image)
         if image is None:
             assert "build" in service, f"{name}: neither image nor build"
             continue
@@ -112,6 +125,55 @@ def test_images_pinned(services: dict[str, Any]) -> None:
         assert tag != "latest", f"{name}: {image} is not pinned"
         if "build" not in service:
             assert tag not in ("stable", "edge", "main", "master"), f"{name}: {image}"
+
+
+def test_pulled_images_are_variables(services: dict[str, Any]) -> None:
+    # Every image compose pulls can be swapped for a locally built one (`make compose-check`
+    # does, offline), without a second compose file: ${VAR:-public default}.
+    seen = set()
+    for name, service in services.items():
+        if "build" in service:
+            continue
+        match = VARIABLE.fullmatch(service["image"])
+        assert match, f"{name}: image {service['image']} is not ${{VAR:-default}}"
+        seen.add(match.group(1))
+    assert {"NATS_IMAGE", "S3_IMAGE", "S3_INIT_IMAGE"} <= seen
+
+
+@pytest.mark.parametrize("name", SERVICES)
+def test_build_base_is_a_variable(services: dict[str, Any], name: str) -> None:
+    args = services[name]["build"]["args"]
+    assert args["BASE_IMAGE"] == "${BASE_IMAGE:-python:3.11-slim}"
+    if name in ML_SERVICES:
+        assert args["TORCH_INDEX_URL"] == "${TORCH_INDEX_URL:-https://download.pytorch.org/whl/cpu}"
+        assert "ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu" in dockerfile(name)
+
+
+def test_check_override_only_substitutes(services: dict[str, Any]) -> None:
+    """deploy/compose-check/override.yml (make compose-check) changes only what the S3
+    stand-in needs and where builds fetch from: no image, environment, port or dependency of
+    its own, so that the check runs what users run."""
+    override = yaml.safe_load(CHECK_OVERRIDE.read_text())
+    assert set(override) <= {"services"} | {k for k in override if k.startswith("x-")}
+    for name, service in override["services"].items():
+        assert name in services, f"{name} is not in docker-compose.yml"
+        if name in ("minio", "minio-init"):
+            assert set(service) <= {"command", "entrypoint", "healthcheck"}, (name, service)
+        else:
+            assert set(service) == {"build"}, (name, service)
+            assert service["build"] == {"network": "host"}
+
+
+def test_healthcheck_arguments_have_no_spaces(services: dict[str, Any]) -> None:
+    # podman 4.3's Docker API joins a CMD check's arguments and splits them again on spaces:
+    # `python -c "import a; b"` became `python -c import a; b` (a SyntaxError), so the service
+    # never got healthy under `make compose-check`. Docker keeps them; both work without spaces.
+    override = yaml.safe_load(CHECK_OVERRIDE.read_text())["services"]
+    for name, service in [*services.items(), *override.items()]:
+        test = (service.get("healthcheck") or {}).get("test")
+        if isinstance(test, list) and test[0] == "CMD":
+            spaced = [arg for arg in test[1:] if re.search(r"\s", arg)]
+            assert not spaced, f"{name}: {spaced}"
 
 
 def test_bind_mounts_exist(services: dict[str, Any]) -> None:
@@ -129,13 +191,18 @@ def test_nats_jetstream_monitoring_healthcheck(
     services: dict[str, Any], compose: dict[str, Any]
 ) -> None:
     nats = services["nats"]
-    assert nats["image"].startswith("nats:")
+    assert image_of(nats).startswith("nats:")
     cmd = command_of(nats)
-    assert "-js" in cmd or "--jetstream" in cmd
-    flag = next(f for f in ("-m", "--http_port") if f in cmd)
-    assert cmd[cmd.index(flag) + 1] == "8222"
-    store = next(f for f in ("-sd", "--store_dir") if f in cmd)
-    data_dir = cmd[cmd.index(store) + 1]
+    # JetStream, its store dir and monitoring come from the mounted config: nats-server 2.10
+    # refuses a store dir given both there and on the command line (seen running it).
+    assert not {"-sd", "--store_dir", "-js", "--jetstream", "-m", "--http_port"} & set(cmd)
+    config_flag = next(f for f in ("-c", "--config") if f in cmd)
+    target = cmd[cmd.index(config_flag) + 1]
+    mount = next(v for v in nats["volumes"] if isinstance(v, str) and f":{target}" in v)
+    conf = (ROOT / mount.split(":")[0]).read_text()
+    assert re.search(r"^jetstream\s*\{", conf, re.MULTILINE)
+    assert re.search(r"^http_port:\s*8222$", conf, re.MULTILINE)
+    data_dir = re.search(r"^\s*store_dir:\s*(\S+)", conf, re.MULTILINE).group(1)  # type: ignore[union-attr]
     targets = [v.split(":")[1] for v in nats["volumes"] if isinstance(v, str)]
     assert data_dir in targets, "JetStream's store dir must be on a volume"
     named = [v.split(":")[0] for v in nats["volumes"] if not v.startswith((".", "/"))]
@@ -145,18 +212,10 @@ def test_nats_jetstream_monitoring_healthcheck(
     assert "js-enabled" in check
     assert "wget" in check or "curl" in check
 
-    config_flag = next((f for f in ("-c", "--config") if f in cmd), None)
-    if config_flag:  # a mounted config file must turn JetStream and monitoring on too
-        target = cmd[cmd.index(config_flag) + 1]
-        mount = next(v for v in nats["volumes"] if isinstance(v, str) and f":{target}" in v)
-        conf = (ROOT / mount.split(":")[0]).read_text()
-        assert "jetstream" in conf
-        assert "8222" in conf
-
 
 def test_minio_and_bucket_init(services: dict[str, Any]) -> None:
     minio = services["minio"]
-    assert minio["image"].startswith(("minio/minio:", "quay.io/minio/minio:"))
+    assert image_of(minio).startswith(("minio/minio:", "quay.io/minio/minio:"))
     assert "server" in command_of(minio)
     assert "--console-address" in command_of(minio)
     assert minio.get("volumes")
@@ -165,7 +224,7 @@ def test_minio_and_bucket_init(services: dict[str, Any]) -> None:
     assert 9001 in published_ports(minio)  # the console
 
     init = services["minio-init"]
-    assert init["image"].startswith(("minio/mc:", "quay.io/minio/mc:"))
+    assert image_of(init).startswith(("minio/mc:", "quay.io/minio/mc:"))
     assert init["depends_on"]["minio"]["condition"] == "service_healthy"
     script = " ".join(command_of(init, "entrypoint") + command_of(init))
     assert "mc mb" in script
@@ -239,7 +298,11 @@ def test_dockerfile(name: str) -> None:
     instructions = dockerfile_instructions(dockerfile(name))
     froms = [args for word, args in instructions if word == "FROM"]
     assert froms
-    assert froms[-1].split()[0].startswith("python:3.11-slim")
+    # The base is a build argument (compose's BASE_IMAGE) whose default is the public image.
+    assert froms[-1].split()[0] == "${BASE_IMAGE}"
+    args = [a for word, a in instructions if word == "ARG"]
+    assert "BASE_IMAGE=python:3.11-slim" in args
+    assert instructions[0] == ("ARG", "BASE_IMAGE=python:3.11-slim"), "ARG before FROM"
 
     runs = [args for word, args in instructions if word == "RUN"]
     install = next((r for r in runs if "./libs/runtime" in r and "pip install" in r), None)
@@ -335,11 +398,11 @@ def test_core_services_are_not_in_a_profile(services: dict[str, Any]) -> None:
 
 def test_observability_images(services: dict[str, Any]) -> None:
     # Pinned like the rest (test_images_pinned checks "not latest" for every service).
-    assert services["otel-collector"]["image"].startswith("otel/opentelemetry-collector-contrib:")
-    assert services["prometheus"]["image"].startswith("prom/prometheus:v")
-    assert services["jaeger"]["image"].startswith("jaegertracing/all-in-one:1.")
+    assert image_of(services["otel-collector"]).startswith("otel/opentelemetry-collector-contrib:")
+    assert image_of(services["prometheus"]).startswith("prom/prometheus:v")
+    assert image_of(services["jaeger"]).startswith("jaegertracing/all-in-one:1.")
     for name in OBSERVABILITY:
-        tag = services[name]["image"].rsplit(":", 1)[1]
+        tag = image_of(services[name]).rsplit(":", 1)[1]
         assert re.fullmatch(r"v?\d+\.\d+\.\d+", tag), f"{name}: {tag} is not an exact version"
 
 
