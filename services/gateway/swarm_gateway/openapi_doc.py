@@ -64,12 +64,15 @@ ROUTER_STATUSES: dict[str, tuple[int, ...]] = {
     "adapters": (*COMMON, *REFUSALS),
     "workers": (*COMMON, 403),
     "inference": (400, 401, 403, 404, 409, 429, 502, 503),
+    # Files and fine-tuning jobs: a bad value is OpenAI's 400, not a 422.
+    "openai": (400, 401, 403, 404, 409, 413, 502, 503),
 }
+OPENAI_ROUTERS = ("inference", "openai")
 
 
 def responses(router: str) -> dict[int | str, dict[str, Any]]:
     """The ``responses`` to declare for every operation of ``router``."""
-    model = OpenAIErrorBody if router == "inference" else ErrorBody
+    model = OpenAIErrorBody if router in OPENAI_ROUTERS else ErrorBody
     return {code: {"model": model, "description": _WHY[code]} for code in ROUTER_STATUSES[router]}
 
 

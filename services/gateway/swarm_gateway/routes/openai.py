@@ -6,7 +6,8 @@ Events in OpenAI's chunk format ending with ``data: [DONE]``; errors use OpenAI'
 (``swarm_gateway.openai_errors``). Supported: ``max_tokens`` (``max_completion_tokens``),
 ``temperature``, ``top_p``, ``stop``, ``seed``, ``n`` = 1, ``stream`` and
 ``stream_options.include_usage``; other OpenAI fields are ignored, except those whose
-absence would change the answer (``n`` > 1, ``tools``, ``logprobs``, ``echo``, ...): 400.
+absence would change the answer (``n`` > 1, ``tools``, ``logprobs``, ``echo``,
+``response_format`` other than ``text``, ...): 400.
 
 The HTTP status is decided by the first chunk that is not bookkeeping (text, done or an
 error), so an unknown adapter, a prompt over the context or a full worker is a 4xx/5xx, not
@@ -71,6 +72,7 @@ class ChatCompletionRequest(_Sampling):
     max_completion_tokens: int | None = Field(default=None, ge=1)
     tools: list[Any] | None = None
     functions: list[Any] | None = None
+    response_format: dict[str, Any] | None = None
 
 
 class CompletionRequest(_Sampling):
@@ -296,6 +298,15 @@ async def chat_completions(
     """A chat completion, rendered with the base model's chat template."""
     if body.tools or body.functions:
         raise _refuse("tools", "tools and functions are not supported")
+    kind = (body.response_format or {}).get("type", "text")
+    if kind != "text":
+        # Not honoured (no constrained decoding yet), so refused: an answer that merely
+        # looks like JSON would break the caller later and more quietly.
+        raise _refuse(
+            "response_format",
+            f"response_format {kind!r} is not supported (only 'text'): Swarm does not "
+            "constrain decoding to JSON yet",
+        )
     max_tokens = body.max_completion_tokens or body.max_tokens
     stop = _common_checks(gw, body, max_tokens)
     messages = _messages(body)
