@@ -44,7 +44,8 @@ async def stored_events(gw: Gateway, job_id: str) -> list[StoredEvent]:
     found: list[StoredEvent] = []
     try:
         info = await sub.consumer_info()
-        if info.num_pending == 0 and (info.delivered.consumer_seq or 0) == 0:
+        delivered = info.delivered.consumer_seq if info.delivered is not None else 0
+        if info.num_pending == 0 and not delivered:
             return found  # nothing stored (yet)
         while True:
             msg = await sub.next_msg(timeout=READ_TIMEOUT_S)

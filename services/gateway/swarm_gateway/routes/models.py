@@ -18,7 +18,7 @@ import asyncio
 import re
 import tempfile
 from pathlib import Path as FsPath
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, File, Form, Path, Query, Request, UploadFile, status
 from fastapi.responses import FileResponse
@@ -185,7 +185,7 @@ def _adapter_entry(a: AdapterVersion, model_id: str, held: set[tuple[str, int]])
 
 
 # OpenAI's models.list and models.retrieve: their errors are OpenAI's shape.
-_OPENAI_ERRORS = {
+_OPENAI_ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": OpenAIErrorBody, "description": why}
     for code, why in (
         (400, "a bad query value"),
