@@ -141,7 +141,7 @@ def adapter_name(suffix: str | None, job_id: str) -> str:
     with the same suffix are versions of one adapter), else ``ft-<job hex>``."""
     if suffix is None:
         return "ft-" + job_id.removeprefix("job-")
-    name = re.sub(r"[^a-z0-9_-]+", "-", suffix.lower()).lstrip("-_")[:NAME_MAX]
+    name = re.sub(r"[^a-z0-9_-]+", "-", suffix.lower()).strip("-_")[:NAME_MAX]
     if not name:
         raise _bad("suffix", f"suffix {suffix!r} has no letter or digit to name a model by")
     return name

@@ -108,12 +108,13 @@ def job_error(record: JobRecord) -> JobError | None:
         return None
     reason = record.reason or "the job failed"
     lowered = reason.lower()
-    param = None
-    if "validation" in lowered and "dataset" in lowered:
-        param = "validation_file"
-    elif "dataset" in lowered:
-        param = "training_file"
-    return JobError(code="job_failed", message=reason, param=param)
+    # The trainer's and scheduler's reasons about the data name a dataset (DatasetError:
+    # ..., "dataset ds-... not found"): OpenAI's error says which file.
+    if "dataset" not in lowered:
+        return JobError(code="job_failed", message=reason)
+    if "validation" in lowered:
+        return JobError(code="invalid_validation_file", message=reason, param="validation_file")
+    return JobError(code="invalid_training_file", message=reason, param="training_file")
 
 
 def view(
