@@ -321,6 +321,12 @@ async def test_other_tenants_and_bad_keys(env: Env, auth_settings: Settings) -> 
         await env.bob.fine_tuning.jobs.create(model="tiny", training_file=job.training_file)
     assert (await env.bob.fine_tuning.jobs.list()).data == []
 
+    # A method the path does not serve: OpenAI's shape too, with the Allow header.
+    wrong_method = await env.http.put("/v1/fine_tuning/jobs")
+    assert wrong_method.status_code == 405
+    assert "GET" in wrong_method.headers["allow"]
+    assert wrong_method.json()["error"]["message"]
+
     app = make_app(auth_settings)
     async with app.router.lifespan_context(app):
         wrong = stock_client(app, "no-such-key")

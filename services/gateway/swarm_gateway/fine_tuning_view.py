@@ -134,7 +134,7 @@ def view(
     adapter = record.adapter
     return FineTuningJob(
         id=ftjob_id(record.job_id),
-        created_at=_ts(extras.created_at if extras else record.created_at) or 0,
+        created_at=_ts(record.created_at) or 0,
         error=job_error(record),
         fine_tuned_model=f"{adapter.name}@{adapter.version}" if adapter is not None else None,
         finished_at=_ts(record.updated_at) if state.terminal else None,
