@@ -11,7 +11,7 @@ from swarm_contracts.jobs import JobRecord, JobSpec, JobState
 from swarm_contracts.metrics import EvalPoint, JobMetrics, TrainPoint
 from swarm_gateway.fine_tuning_events import StoredEvent, trained_tokens
 from swarm_gateway.fine_tuning_spec import adapter_name, resolve_hyperparameters
-from swarm_gateway.fine_tuning_view import estimated_finish, job_error
+from swarm_gateway.fine_tuning_view import estimated_finish, job_error, status_of
 from swarm_gateway.openai_errors import OpenAIError
 from swarm_gateway.routes.openai_files import results_csv
 
@@ -96,3 +96,14 @@ def test_names_and_auto_hyperparameters() -> None:
         with pytest.raises(OpenAIError) as refused:
             resolve_hyperparameters(bad, "h", examples=10)
         assert refused.value.param == f"h.{next(iter(bad))}"
+
+
+def test_every_swarm_state_has_an_openai_status() -> None:
+    assert {state: status_of(state) for state in JobState} == {
+        JobState.queued: "queued",
+        JobState.assigned: "running",  # placed; the worker is loading the model
+        JobState.running: "running",
+        JobState.succeeded: "succeeded",
+        JobState.failed: "failed",
+        JobState.cancelled: "cancelled",
+    }

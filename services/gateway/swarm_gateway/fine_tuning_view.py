@@ -23,7 +23,9 @@ from swarm_gateway.fine_tune_records import (
     results_file_id,
 )
 
-Status = Literal["validating_files", "queued", "running", "succeeded", "failed", "cancelled"]
+Status = Literal[
+    "validating_files", "queued", "running", "paused", "succeeded", "failed", "cancelled"
+]
 STATUS_OF_STATE: dict[JobState, Status] = {
     JobState.queued: "queued",
     JobState.assigned: "running",
@@ -74,6 +76,14 @@ class FineTuningJob(BaseModel):
     metadata: dict[str, str] | None = None
     method: Method
     swarm_job_id: str
+
+
+def status_of(state: JobState) -> Status:
+    """OpenAI's status of a Swarm state; a state this view does not know yet (a ``paused``
+    that Swarm may gain) is shown as ``paused`` if so named, else as waiting, never a 500."""
+    if state in STATUS_OF_STATE:
+        return STATUS_OF_STATE[state]
+    return "paused" if state.value == "paused" else "queued"
 
 
 def _ts(moment: datetime | None) -> int | None:
@@ -143,7 +153,7 @@ def view(
         organization_id=record.tenant,
         result_files=[results_file_id(record.job_id)] if state == JobState.succeeded else [],
         seed=spec.training.seed,
-        status="validating_files" if pending else STATUS_OF_STATE[state],
+        status="validating_files" if pending else status_of(state),
         trained_tokens=trained_tokens if state.terminal else None,
         training_file=file_id(spec.dataset),
         validation_file=file_id(spec.validation) if spec.validation else None,
