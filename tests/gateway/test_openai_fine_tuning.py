@@ -462,6 +462,8 @@ async def test_a_job_seen_through_its_life(env: Env) -> None:
     assert done.finished_at is not None
     assert done.estimated_finish is None
     assert done.result_files == ["file-results-" + job.id.removeprefix("ftjob-")]
+    with pytest.raises(openai.NotFoundError):  # another tenant's job's results
+        await env.bob.files.content(done.result_files[0])
 
     page = await env.alice.fine_tuning.jobs.list_events(job.id, limit=3)
     assert page.has_more

@@ -22,6 +22,7 @@ from pydantic import BaseModel
 from starlette.background import BackgroundTask
 
 from swarm_contracts.datasets import DatasetInfo
+from swarm_contracts.jobs import JobRecord
 from swarm_contracts.metrics import GetJobMetrics, JobMetrics
 from swarm_contracts.names import label_from_filename
 from swarm_gateway.auth import Tenant
@@ -158,17 +159,16 @@ async def list_files(
     )
 
 
-async def _results_csv(gw: Gateway, tenant: str, file: str) -> bytes | None:
-    """A job's metrics as OpenAI's results CSV, or None when ``file`` is no result file of
-    the tenant's."""
+async def _results(gw: Gateway, tenant: str, file: str) -> tuple[JobRecord, bytes] | None:
+    """The job a result file is of, and its metrics as OpenAI's results CSV; None when
+    ``file`` is no result file of the tenant's."""
     job = results_job_id(file)
-    if job is None:
-        return None
-    found = await gw.jobs.get(job)
+    found = await gw.jobs.get(job) if job is not None else None
     if found is None or found[0].tenant != tenant:
         return None
-    metrics = await gw.telemetry.call("metrics.get", GetJobMetrics(job_id=job), JobMetrics)
-    return results_csv(metrics)
+    request = GetJobMetrics(job_id=found[0].job_id)
+    metrics = await gw.telemetry.call("metrics.get", request, JobMetrics)
+    return found[0], results_csv(metrics)
 
 
 def results_csv(metrics: JobMetrics) -> bytes:
@@ -191,15 +191,14 @@ async def retrieve_file(file_id: str, gw: GW, tenant: Tenant) -> FileObject:
     info = await own_dataset(gw, tenant, file_id)
     if info is not None:
         return file_object(info)
-    results = await _results_csv(gw, tenant, file_id)
+    results = await _results(gw, tenant, file_id)
     if results is None:
         raise file_not_found(file_id)
-    record = await gw.jobs.get(results_job_id(file_id) or "")
-    created = record[0].updated_at if record is not None else None
+    record, csv_bytes = results
     return FileObject(
-        id=results_file_id(results_job_id(file_id) or ""),
-        bytes=len(results),
-        created_at=int(created.timestamp()) if created else 0,
+        id=results_file_id(record.job_id),
+        bytes=len(csv_bytes),
+        created_at=int(record.updated_at.timestamp()),
         filename=RESULTS_FILENAME,
         purpose="fine-tune-results",
     )
@@ -214,10 +213,10 @@ async def file_content(file_id: str, gw: GW, tenant: Tenant) -> Response:
     """The file's bytes as uploaded (a result file: its CSV)."""
     info = await own_dataset(gw, tenant, file_id)
     if info is None:
-        results = await _results_csv(gw, tenant, file_id)
+        results = await _results(gw, tenant, file_id)
         if results is None:
             raise file_not_found(file_id)
-        return Response(results, media_type="text/csv")
+        return Response(results[1], media_type="text/csv")
     tmp = Path(tempfile.mkdtemp(prefix="swarm-file-"))
     path = tmp / "data.jsonl"
     await asyncio.to_thread(gw.store.get_file, info.store_key, path)
