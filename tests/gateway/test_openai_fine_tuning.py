@@ -497,11 +497,19 @@ async def test_models_retrieve_answers_every_listed_id(env: Env) -> None:
     assert missing.value.code == "model_not_found"
 
 
-async def test_response_format_json_is_refused(env: Env) -> None:
+async def test_a_response_format_that_is_not_honoured_is_refused(env: Env) -> None:
+    # Refused before the model is looked up: no worker is needed to say no.
     with pytest.raises(openai.BadRequestError) as refused:
         await env.alice.chat.completions.create(
             model="tiny",
             messages=[{"role": "user", "content": "hi"}],
-            response_format={"type": "json_object"},
+            response_format={"type": "xml"},  # type: ignore[typeddict-item]
         )
     assert refused.value.param == "response_format"
+    with pytest.raises(openai.BadRequestError) as no_schema:
+        await env.alice.completions.create(
+            model="tiny",
+            prompt="hi",
+            extra_body={"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
+        )
+    assert no_schema.value.param == "response_format.json_schema.schema"
