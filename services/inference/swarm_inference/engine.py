@@ -397,9 +397,7 @@ class Engine:
         allowed = None
         if any(s.constraint is not None for s in rows):
             allowed = [None if s.constraint is None else s.constraint.allowed() for s in rows]
-        tokens = next_tokens(
-            logits, [s.params for s in rows], [s.generator for s in rows], allowed
-        )
+        tokens = next_tokens(logits, [s.params for s in rows], [s.generator for s in rows], allowed)
         self.generated_tokens += len(tokens)
         for seq, token in zip(rows, tokens, strict=True):
             if seq.constraint is not None:

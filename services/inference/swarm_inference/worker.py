@@ -47,9 +47,9 @@ from swarm_inference.engine import (
     EngineStats,
     InvalidRequest,
 )
+from swarm_inference.json_format import ANY_OBJECT
 from swarm_inference.metrics import InferenceMetrics
 from swarm_inference.replies import Replier
-from swarm_inference.json_format import ANY_OBJECT
 from swarm_inference.sampling import SamplingParams
 from swarm_inference.vllm_backend import VllmEngine
 from swarm_runtime.rpc import Refused, ServiceClient, Unavailable
