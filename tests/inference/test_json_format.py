@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from swarm_inference.engine import Engine, InvalidRequest
-from swarm_inference.json_format import ANY_OBJECT
+from swarm_inference.json_format import ANY_OBJECT, check_enforceable
 from swarm_inference.sampling import SamplingParams, next_tokens
 
 # Small enough that the constrained answer always ends (with "stop") within max_tokens.
@@ -91,3 +91,27 @@ async def test_a_schema_the_constraint_cannot_use_is_an_invalid_request(engine: 
         await engine.complete(
             engine.encode(PROMPT), SamplingParams(max_tokens=4), json_schema={"type": 42}
         )
+
+
+@pytest.mark.parametrize(
+    ("schema", "where"),
+    [
+        ({"type": "integer", "minimum": 3}, "schema uses 'minimum'"),
+        (
+            {"type": "object", "properties": {"n": {"type": "number", "multipleOf": 2}}},
+            "schema.properties.n uses 'multipleOf'",
+        ),
+        ({"type": "array", "items": {"anyOf": [{"not": {}}]}}, "schema.items.anyOf[0] uses 'not'"),
+    ],
+)
+async def test_a_schema_keyword_that_would_not_be_enforced_is_refused(
+    engine: Engine, schema: dict[str, Any], where: str
+) -> None:
+    with pytest.raises(InvalidRequest, match=where.replace("[", r"\[").replace("]", r"\]")):
+        await engine.complete(
+            engine.encode(PROMPT), SamplingParams(max_tokens=4), json_schema=schema
+        )
+
+
+def test_a_property_named_like_a_keyword_is_no_keyword() -> None:
+    check_enforceable({"type": "object", "properties": {"minimum": {"type": "integer"}}})

@@ -29,8 +29,61 @@ ANY_OBJECT: dict[str, Any] = {"type": "object"}
 MAX_CONSECUTIVE_WHITESPACE = 2
 
 
+# Keywords lm-format-enforcer accepts but does not enforce: a schema using one is refused,
+# since an answer that breaks it would pass for one the schema was applied to.
+NOT_ENFORCED = frozenset(
+    {
+        "minimum",
+        "maximum",
+        "exclusiveMinimum",
+        "exclusiveMaximum",
+        "multipleOf",
+        "uniqueItems",
+        "contains",
+        "minContains",
+        "maxContains",
+        "minProperties",
+        "maxProperties",
+        "patternProperties",
+        "propertyNames",
+        "dependentRequired",
+        "dependentSchemas",
+        "not",
+        "if",
+        "then",
+        "else",
+    }
+)
+# Where a schema holds further schemas: one, a list of them, or a name -> schema map.
+_ONE = ("items", "additionalProperties")
+_LISTS = ("anyOf", "allOf", "oneOf", "prefixItems")
+_MAPS = ("properties", "$defs", "definitions")
+
+
 class JsonFormatError(ValueError):
-    """A schema the constraint cannot be built from."""
+    """A schema the constraint cannot be built from, or cannot enforce."""
+
+
+def check_enforceable(schema: object, where: str = "schema") -> None:
+    """Raise ``JsonFormatError`` naming the first keyword (and where) that would not be
+    enforced."""
+    if not isinstance(schema, dict):
+        return
+    unenforced = sorted(NOT_ENFORCED & schema.keys())
+    if unenforced:
+        raise JsonFormatError(
+            f"{where} uses {unenforced[0]!r}, which constrained decoding does not enforce"
+        )
+    for key in _ONE:
+        check_enforceable(schema.get(key), f"{where}.{key}")
+    for key in _LISTS:
+        for i, sub in enumerate(schema.get(key) or []):
+            check_enforceable(sub, f"{where}.{key}[{i}]")
+    for key in _MAPS:
+        value = schema.get(key)
+        if isinstance(value, dict):
+            for name, sub in value.items():
+                check_enforceable(sub, f"{where}.{key}.{name}")
 
 
 def _regular_tokens(tokenizer: PreTrainedTokenizerBase) -> list[tuple[int, str, bool]]:
@@ -75,6 +128,7 @@ class JsonVocabulary:
             return self._data
 
     def constraint(self, schema: dict[str, Any]) -> JsonConstraint:
+        check_enforceable(schema)
         data = self.data()
         try:
             parser = JsonSchemaParser(schema)
