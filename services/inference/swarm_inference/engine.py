@@ -394,12 +394,12 @@ class Engine:
         logits: torch.Tensor,
         out: list[tuple[_Sequence, Piece | BaseException]],
     ) -> None:
-        allowed = None
-        if any(s.constraint is not None for s in rows):
-            allowed = [None if s.constraint is None else s.constraint.allowed() for s in rows]
+        allowed = self._allowed(rows, out) if any(s.constraint is not None for s in rows) else None
         tokens = next_tokens(logits, [s.params for s in rows], [s.generator for s in rows], allowed)
         self.generated_tokens += len(tokens)
         for seq, token in zip(rows, tokens, strict=True):
+            if seq.done:  # its constraint failed just now
+                continue
             if seq.constraint is not None:
                 seq.constraint.advance(token)
             seq.next_token = token
@@ -421,6 +421,23 @@ class Engine:
                 out.append(
                     (seq, Piece(text, seq.generated, len(seq.prompt_ids), finish_reason=finish))
                 )
+
+    def _allowed(
+        self, rows: list[_Sequence], out: list[tuple[_Sequence, Piece | BaseException]]
+    ) -> list[list[int] | None]:
+        """Each row's allowed token ids (None: any). A row whose constraint fails ends with
+        the error; the batch goes on."""
+        allowed: list[list[int] | None] = []
+        for seq in rows:
+            ids = None
+            if seq.constraint is not None:
+                try:
+                    ids = seq.constraint.allowed()
+                except JsonFormatError as exc:
+                    seq.done = True
+                    out.append((seq, InvalidRequest(str(exc))))
+            allowed.append(ids)
+        return allowed
 
     def _retire(self) -> None:
         """Drop rows that finished or whose caller went away; release their adapters."""

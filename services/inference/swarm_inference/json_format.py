@@ -13,13 +13,13 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from jsonschema import SchemaError, validators
 from lmformatenforcer import (
     CharacterLevelParserConfig,
     JsonSchemaParser,
     TokenEnforcer,
     TokenEnforcerTokenizerData,
 )
-from pydantic import ValidationError
 from transformers import PreTrainedTokenizerBase
 
 # json_object: any JSON object, as OpenAI's JSON mode (never a bare string or number).
@@ -33,6 +33,7 @@ MAX_CONSECUTIVE_WHITESPACE = 2
 # since an answer that breaks it would pass for one the schema was applied to.
 NOT_ENFORCED = frozenset(
     {
+        "format",  # date-time, email, uuid...: a string's format is not checked
         "minimum",
         "maximum",
         "exclusiveMinimum",
@@ -62,6 +63,17 @@ _MAPS = ("properties", "$defs", "definitions")
 
 class JsonFormatError(ValueError):
     """A schema the constraint cannot be built from, or cannot enforce."""
+
+
+def check_schema(schema: dict[str, Any]) -> None:
+    """A JSON Schema (by its own metaschema) whose keywords are all enforced, or
+    ``JsonFormatError``. lm-format-enforcer meets some mistakes (an unknown ``type``) only
+    when generation reaches them, and then ends the text early."""
+    try:
+        validators.validator_for(schema).check_schema(schema)
+    except SchemaError as exc:
+        raise JsonFormatError(f"the JSON schema is not valid: {exc.message}") from exc
+    check_enforceable(schema)
 
 
 def check_enforceable(schema: object, where: str = "schema") -> None:
@@ -128,11 +140,11 @@ class JsonVocabulary:
             return self._data
 
     def constraint(self, schema: dict[str, Any]) -> JsonConstraint:
-        check_enforceable(schema)
+        check_schema(schema)
         data = self.data()
         try:
             parser = JsonSchemaParser(schema)
-        except (ValidationError, TypeError, ValueError, KeyError) as exc:
+        except Exception as exc:  # the library raises bare Exceptions for what it lacks
             raise JsonFormatError(f"the JSON schema cannot be used: {exc}") from exc
         enforcer = TokenEnforcer(data, parser)
         # TokenEnforcer sets the parser's config (the alphabet) with the default whitespace
@@ -141,19 +153,29 @@ class JsonVocabulary:
             alphabet=data.tokenizer_alphabet,
             max_consecutive_whitespaces=MAX_CONSECUTIVE_WHITESPACE,
         )
-        return JsonConstraint(enforcer)
+        return JsonConstraint(enforcer, self.eos_ids)
 
 
 class JsonConstraint:
     """One request's state: the tokens generated so far and what may come next."""
 
-    def __init__(self, enforcer: TokenEnforcer) -> None:
+    def __init__(self, enforcer: TokenEnforcer, eos_ids: list[int]) -> None:
         self._enforcer = enforcer
+        self._eos_ids = eos_ids
         self._generated: list[int] = []
 
     def allowed(self) -> list[int]:
-        """Token ids allowed next (end-of-sequence among them once the JSON is complete)."""
-        allowed: list[int] = self._enforcer.get_allowed_tokens(self._generated).allowed_tokens
+        """Token ids allowed next (end-of-sequence among them once the JSON is complete);
+        ``JsonFormatError`` where the schema cannot be followed further."""
+        try:
+            allowed: list[int] = self._enforcer.get_allowed_tokens(self._generated).allowed_tokens
+        except Exception as exc:  # the library's own errors, and its bugs
+            raise JsonFormatError(f"the JSON schema cannot be followed: {exc}") from exc
+        state = self._enforcer.prefix_states[tuple(self._generated)]
+        # On an error it does not expect, the library logs it and allows only
+        # end-of-sequence, which would end the text as incomplete JSON with "stop".
+        if set(allowed) <= set(self._eos_ids) and not state.parser.can_end():
+            raise JsonFormatError("the JSON schema cannot be followed past this point")
         return allowed
 
     def advance(self, token: int) -> None:
