@@ -263,6 +263,7 @@ def test_response_format_json_through_the_stock_client(stack: Stack, served: Non
                 "json_schema": {"name": "x", "schema": {"type": 7}},
             },  # type: ignore[typeddict-item]
         )
+    assert unusable.value.code == "invalid_request"
     assert "JSON schema" in unusable.value.message
 
 
