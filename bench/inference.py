@@ -10,6 +10,10 @@ tiny tokenizer):
 * merged  -- (b) each adapter merged into its own copy of the base model (peft
              ``merge_and_unload``), requests served one by one with transformers' ``generate``.
 
+With ``--json-format`` a fourth side, swarm+json, is the swarm side with every request under
+``response_format`` json_schema (``JSON_SCHEMA``: a string that cannot close within the
+tokens, so the work stays equal): the cost of the per-row token mask (lm-format-enforcer).
+
 Every request generates exactly ``--tokens`` tokens (EOS ignored, greedy), so every side does
 the same work. Latency is from the common arrival time to the request's last token, so a
 side that serves one at a time shows its queueing in p50/p99. Sides run interleaved
@@ -18,6 +22,7 @@ repeats and each ratio is the median of the per-repeat ratios. The engine is mea
 in-process (the serving core; NATS and HTTP add the same per-request cost to every side).
 
     .venv/bin/python bench/inference.py [--adapters 1 8 32] [--requests 64] [--device cuda]
+        [--json-format]
 """
 
 from __future__ import annotations
@@ -38,6 +43,12 @@ import torch
 
 SEED = 0
 PROMPT_TOKENS = 16
+# Never complete within a run's tokens: every constrained request generates all of them.
+JSON_SCHEMA = {
+    "type": "object",
+    "properties": {"answer": {"type": "string", "minLength": 1000}},
+    "required": ["answer"],
+}
 
 
 def make_base(out: Path) -> int:
@@ -114,7 +125,11 @@ def prompts(tokenizer: Any, count: int) -> list[list[int]]:
 
 
 async def run_engine(
-    engine: Any, work: list[tuple[list[int], Any]], tokens: int, batched: bool
+    engine: Any,
+    work: list[tuple[list[int], Any]],
+    tokens: int,
+    batched: bool,
+    json_schema: dict[str, Any] | None = None,
 ) -> Run:
     from swarm_inference.sampling import SamplingParams
 
@@ -123,7 +138,7 @@ async def run_engine(
     start = time.perf_counter()
 
     async def one(ids: list[int], adapter: Any) -> None:
-        piece = await engine.complete(ids, params, adapter)
+        piece = await engine.complete(ids, params, adapter, json_schema)
         assert piece.completion_tokens == tokens
         latencies.append(time.perf_counter() - start)
 
@@ -166,6 +181,9 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument(
+        "--json-format", action="store_true", help="add swarm+json: every request constrained"
+    )
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -188,6 +206,7 @@ def main() -> None:
         "tokens_per_request": args.tokens,
         "max_batch": args.max_batch,
         "repeats": args.repeats,
+        "json_schema": JSON_SCHEMA if args.json_format else None,
         "rows": [],
     }
     with tempfile.TemporaryDirectory(prefix="swarm-bench-inference-") as tmp:
@@ -222,10 +241,18 @@ def main() -> None:
             # Warm-up: adapters into their slots, kernels chosen, caches touched.
             asyncio.run(run_engine(engine, work[: min(len(work), args.max_batch)], 2, True))
             run_merged(merged, merged_work[:2], 2, device)
+            if args.json_format:  # and the vocabulary's prefix tree built
+                asyncio.run(run_engine(engine, work[:1], 2, True, JSON_SCHEMA))
 
             runs: dict[str, list[Run]] = {"swarm": [], "serial": [], "merged": []}
+            if args.json_format:
+                runs["swarm+json"] = []
             for _ in range(args.repeats):
                 runs["swarm"].append(asyncio.run(run_engine(engine, work, args.tokens, True)))
+                if args.json_format:
+                    runs["swarm+json"].append(
+                        asyncio.run(run_engine(engine, work, args.tokens, True, JSON_SCHEMA))
+                    )
                 runs["serial"].append(asyncio.run(run_engine(engine, work, args.tokens, False)))
                 runs["merged"].append(run_merged(merged, merged_work, args.tokens, device))
             engine.stop()
@@ -236,7 +263,7 @@ def main() -> None:
                     "p50_s": statistics.median(r.percentile(0.5) for r in side_runs),
                     "p99_s": statistics.median(r.percentile(0.99) for r in side_runs),
                 }
-            for peer in ("serial", "merged"):
+            for peer in [p for p in runs if p != "swarm"]:
                 row[f"x_vs_{peer}"] = statistics.median(
                     s.tokens_per_s / p.tokens_per_s
                     for s, p in zip(runs["swarm"], runs[peer], strict=True)
@@ -253,6 +280,14 @@ def main() -> None:
                 f"swarm/serial {row['x_vs_serial']:.1f}x  swarm/merged {row['x_vs_merged']:.1f}x",
                 flush=True,
             )
+            if args.json_format:
+                json_row = row["swarm+json"]
+                print(
+                    f"      swarm+json tokens/s {json_row['tokens_per_s']:8.1f}  p50/p99 s "
+                    f"{json_row['p50_s']:.2f}/{json_row['p99_s']:.2f}  swarm/(swarm+json) "
+                    f"{row['x_vs_swarm+json']:.2f}x",
+                    flush=True,
+                )
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
 

@@ -149,6 +149,21 @@ async def test_services_work_and_are_fenced(secured_nats: str, tmp_path: Path) -
                 break
             await asyncio.sleep(0.1)
         assert telemetry.series.get(job_id) is not None
+        # OpenAI's side: the gateway writes its own bucket (openai_jobs), then submits.
+        chat = json.dumps({"messages": [{"role": "user", "content": "q"}]}) + "\n"
+        file = await c.post(
+            "/v1/files",
+            files={"file": ("c.jsonl", (chat * 3).encode())},
+            data={"purpose": "fine-tune"},
+        )
+        assert file.status_code == 200, file.text
+        ftjob = await c.post(
+            "/v1/fine_tuning/jobs", json={"model": "tiny", "training_file": file.json()["id"]}
+        )
+        assert ftjob.status_code == 200, ftjob.text
+        assert ftjob.json()["status"] == "queued", ftjob.text
+        listed = (await c.get("/v1/fine_tuning/jobs")).json()["data"]
+        assert ftjob.json()["id"] in {j["id"] for j in listed}
 
         # Gateway -> sweeps (submit stream) -> scheduler: the sweep's trials are queued jobs.
         search = {"training.lr": {"type": "log_uniform", "low": 1e-4, "high": 1e-2}}

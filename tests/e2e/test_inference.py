@@ -14,8 +14,10 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
+import jsonschema
 import nats
 import openai
 import pytest
@@ -203,6 +205,66 @@ def test_the_stock_openai_client_works_unchanged(stack: Stack, adapters: dict[st
         oai.completions.create(model="inf-a", prompt="x", max_tokens=100_000)
     with pytest.raises(openai.BadRequestError, match="role"):
         oai.chat.completions.create(model="inf-a", messages=[{"role": "robot", "content": "x"}])  # type: ignore[list-item]
+
+
+JSON_SCHEMA = {
+    "type": "object",
+    "properties": {"round": {"type": "boolean"}},
+    "required": ["round"],
+    "additionalProperties": False,
+}
+
+
+def _parses(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
+
+
+def test_response_format_json_through_the_stock_client(stack: Stack, served: None) -> None:
+    """The tiny random model writes no JSON by itself; asked for it, it writes nothing else."""
+    oai = openai.OpenAI(base_url=f"{stack.local.gateway_url}/v1", api_key="unused", max_retries=0)
+    messages: list[Any] = [{"role": "user", "content": "Is the moon round? Answer in JSON."}]
+    asked = {"model": "tiny-llama", "messages": messages, "max_tokens": 32, "temperature": 0}
+    free = oai.chat.completions.create(**asked)
+    assert not _parses(free.choices[0].message.content or "")
+
+    json_mode = oai.chat.completions.create(**asked, response_format={"type": "json_object"})
+    assert json_mode.choices[0].finish_reason == "stop"
+    assert isinstance(json.loads(json_mode.choices[0].message.content or ""), dict)
+
+    schema_format: Any = {
+        "type": "json_schema",
+        "json_schema": {"name": "answer", "schema": JSON_SCHEMA, "strict": True},
+    }
+    whole = oai.chat.completions.create(**asked, response_format=schema_format)
+    jsonschema.validate(json.loads(whole.choices[0].message.content or ""), JSON_SCHEMA)
+    stream = oai.chat.completions.create(**asked, response_format=schema_format, stream=True)
+    streamed = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    assert streamed == whole.choices[0].message.content
+
+    sampled = oai.completions.create(
+        model="tiny-llama",
+        prompt="moon ->",
+        max_tokens=32,
+        temperature=1.0,
+        seed=3,
+        extra_body={"response_format": schema_format},
+    )
+    jsonschema.validate(json.loads(sampled.choices[0].text), JSON_SCHEMA)
+
+    with pytest.raises(openai.BadRequestError) as unusable:
+        oai.chat.completions.create(
+            **asked,
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "x", "schema": {"type": 7}},
+            },  # type: ignore[typeddict-item]
+        )
+    assert unusable.value.code == "invalid_request"
+    assert "JSON schema" in unusable.value.message
 
 
 def test_bad_requests_get_a_4xx_in_openais_error_shape(

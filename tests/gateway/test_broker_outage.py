@@ -26,6 +26,9 @@ PARAMS = {
     "version": "1",
     "alias": "prod",
     "worker_id": "w1",
+    "model_id": "tiny",
+    "file_id": "file-0123456789abcdef01234567",
+    "fine_tuning_job_id": "ftjob-0123456789abcdef0123",
 }
 # Answered without NATS by design.
 NO_NATS = {"/healthz", "/", "/dashboard"}

@@ -3,10 +3,12 @@ no 5xx, and every answer is documented (status, content type, body schema, heade
 
 Two runs: every operation on its own (examples, coverage and fuzzed inputs), and stateful
 scenarios that follow the document's OpenAPI links (submit -> get -> cancel -> events ->
-metrics; a job -> its adapter's download; an upload -> its stats). The registry, scheduler and
+metrics; a job -> its adapter's download; an upload -> its stats; an OpenAI file -> a
+fine-tuning job -> its events, checkpoints, cancel). The registry, scheduler and
 telemetry run for real (in a thread with its own event loop, since hypothesis drives sync
-tests); the stack holds a registered model, an uploaded dataset, a queued job and a succeeded
-job with a registered adapter, so that links lead somewhere real.
+tests); the stack holds a registered model, an uploaded dataset, a queued job, a succeeded
+job with a registered adapter, and an OpenAI file with a fine-tuning job on it, so that links
+lead somewhere real.
 """
 
 from __future__ import annotations
@@ -144,6 +146,32 @@ def seed(url: str, cfg: Settings) -> None:
         spec = {"name": "bot", "base_model": "mini", "dataset": dataset.json()["id"]}
         queued = http.post("/v1/jobs", json=spec, headers=AUTH)
         assert queued.status_code in (201, 202), queued.text
+        # OpenAI's side: a file and a fine-tuning job on it.
+        chat = "".join(
+            json.dumps(
+                {
+                    "messages": [
+                        {"role": "user", "content": f"q{i}"},
+                        {"role": "assistant", "content": f"a{i}"},
+                    ]
+                }
+            )
+            + "\n"
+            for i in range(4)
+        ).encode()
+        file = http.post(
+            "/v1/files",
+            files={"file": ("chat.jsonl", chat)},
+            data={"purpose": "fine-tune"},
+            headers=AUTH,
+        )
+        assert file.status_code == 200, file.text
+        ftjob = http.post(
+            "/v1/fine_tuning/jobs",
+            json={"model": "mini", "training_file": file.json()["id"]},
+            headers=AUTH,
+        )
+        assert ftjob.status_code == 200, ftjob.text
     asyncio.run(_finished_job(cfg, model.json(), JobSpec.model_validate(spec)))
 
 
@@ -260,6 +288,12 @@ def test_linked_scenarios_answer_as_documented(fuzz_gateway: str) -> None:
 
 def test_the_links_chain_the_job_operations() -> None:
     document = create_app(Settings()).openapi()
+    upload = document["paths"]["/v1/files"]["post"]["responses"]["200"]["links"]
+    assert {"RetrieveFile", "FileContent", "DeleteFile"} <= set(upload)
+    created = document["paths"]["/v1/fine_tuning/jobs"]["post"]["responses"]["200"]["links"]
+    assert {"RetrieveFineTuningJob", "FineTuningJobEvents", "FineTuningJobCheckpoints"} <= set(
+        created
+    )
     submit = document["paths"]["/v1/jobs"]["post"]["responses"]["201"]["links"]
     assert {"GetJob", "CancelJob", "JobEvents", "JobMetrics"} <= set(submit)
     got = document["paths"]["/v1/jobs/{job_id}"]["get"]["responses"]["200"]["links"]

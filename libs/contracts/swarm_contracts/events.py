@@ -66,6 +66,9 @@ class Progress(JobEvent):
     lr: float
     tokens_per_s: float
     elapsed_s: float = 0.0
+    # Tokens the step trained on, all ranks together (None from a trainer that did not count):
+    # what an OpenAI fine-tuning job reports as ``trained_tokens``.
+    tokens: int | None = None
 
 
 class CheckpointSaved(JobEvent):

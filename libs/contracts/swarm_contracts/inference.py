@@ -11,7 +11,7 @@ first, ``text`` pieces, ``keepalive`` while a request waits or thinks, then ``do
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -21,6 +21,7 @@ Role = Literal["system", "developer", "user", "assistant"]
 MAX_STOP_STRINGS = 4
 REQUEST_ID_PATTERN = r"^[A-Za-z0-9_-]{1,128}$"
 FinishReason = Literal["stop", "length"]
+ResponseFormat = Literal["text", "json_object", "json_schema"]
 
 
 class ChatMessage(BaseModel):
@@ -49,6 +50,14 @@ class GenerateRequest(BaseModel):
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     stop: list[str] = Field(default_factory=list, max_length=MAX_STOP_STRINGS)
     seed: int | None = None
+    response_format: ResponseFormat = Field(
+        default="text",
+        description="json_object: the text is a JSON object; json_schema: one that json_schema "
+        "accepts (constrained decoding)",
+    )
+    json_schema: dict[str, Any] | None = Field(
+        default=None, description="the JSON Schema, with response_format json_schema only"
+    )
     stream: bool = True
     attempt: int = Field(default=1, ge=1, description="1, then 2... when a caller retries")
 
@@ -56,6 +65,8 @@ class GenerateRequest(BaseModel):
     def _one_input(self) -> GenerateRequest:
         if (self.prompt is None) == (self.messages is None):
             raise ValueError("give exactly one of prompt and messages")
+        if (self.json_schema is None) == (self.response_format == "json_schema"):
+            raise ValueError("json_schema goes with response_format json_schema, and only there")
         return self
 
 

@@ -24,6 +24,7 @@ from swarm_contracts.workers import WorkerInfo, WorkerOps
 from swarm_gateway import dashboard, openapi_doc
 from swarm_gateway.auth import parse_api_keys
 from swarm_gateway.errors import STATUS_OF_CODE
+from swarm_gateway.fine_tune_records import FineTune
 from swarm_gateway.inference_workers import InferenceWorkers
 from swarm_gateway.methods import MethodsMiddleware
 from swarm_gateway.openai_errors import (
@@ -31,11 +32,22 @@ from swarm_gateway.openai_errors import (
     is_openai,
     on_http_error,
     on_openai_error,
+    on_server_error,
     on_validation_error,
 )
 from swarm_gateway.prometheus import GatewayMetrics, MetricsMiddleware
 from swarm_gateway.responses import FiniteJSONResponse
-from swarm_gateway.routes import adapters, datasets, jobs, models, openai, sweeps, workers
+from swarm_gateway.routes import (
+    adapters,
+    datasets,
+    fine_tuning,
+    jobs,
+    models,
+    openai,
+    openai_files,
+    sweeps,
+    workers,
+)
 from swarm_gateway.state import Gateway
 from swarm_runtime.broker import make_broker
 from swarm_runtime.prometheus import otlp_bridge
@@ -72,8 +84,10 @@ async def on_unavailable(request: Request, exc: Exception) -> Response:
     return FiniteJSONResponse({"detail": str(exc)}, status_code=status.HTTP_503_SERVICE_UNAVAILABLE)
 
 
-async def on_nats_down(_: Request, exc: Exception) -> Response:
+async def on_nats_down(request: Request, exc: Exception) -> Response:
     # Anything NATS raises that a route did not map itself is still an outage, not a bug.
+    if is_openai(request):
+        return OpenAIError(503, f"NATS unavailable: {exc!r}", code="service_unavailable").response()
     return FiniteJSONResponse(
         {"detail": f"NATS unavailable: {exc!r}"},
         status_code=status.HTTP_503_SERVICE_UNAVAILABLE,
@@ -110,6 +124,12 @@ def create_app(
         jobs = RecordTable(await kv_bucket(js, subjects, "jobs"), JobRecord)
         job_list = RecordCache(jobs)
         await job_list.start()
+        # The gateway's own bucket (swarm_gateway.fine_tune_records): no other service reads it.
+        fine_tunes = RecordTable(
+            await kv_bucket(js, subjects, "openai_jobs", settings.js_replicas), FineTune
+        )
+        fine_tune_list = RecordCache(fine_tunes)
+        await fine_tune_list.start()
         app.state.gateway = Gateway(
             settings=settings,
             subjects=subjects,
@@ -130,6 +150,8 @@ def create_app(
             metrics=metrics,
             tracer=tracer_of(tracing, "gateway"),
             inference_workers=inference_workers,
+            fine_tunes=fine_tunes,
+            fine_tune_list=fine_tune_list,
         )
         log.info("gateway connected to %s (namespace %r)", settings.nats_url, settings.namespace)
         if not api_keys:
@@ -139,6 +161,7 @@ def create_app(
             yield
         finally:
             await job_list.stop()
+            await fine_tune_list.stop()
             await inference_workers.stop()
             # Stopping while NATS is away (nats-py refuses to drain a reconnecting
             # connection) must still stop the gateway.
@@ -186,6 +209,7 @@ def create_app(
     app.add_exception_handler(OpenAIError, on_openai_error)
     app.add_exception_handler(RequestValidationError, on_validation_error)
     app.add_exception_handler(StarletteHTTPException, on_http_error)
+    app.add_exception_handler(Exception, on_server_error)
 
     for router, kind in (
         (jobs.router, "jobs"),
@@ -196,6 +220,8 @@ def create_app(
         (workers.router, "workers"),
         (workers.inference_router, "workers"),
         (openai.router, "inference"),
+        (openai_files.router, "openai"),
+        (fine_tuning.router, "openai"),
     ):
         app.include_router(router, responses=openapi_doc.responses(kind))
     app.include_router(dashboard.router)

@@ -17,6 +17,8 @@ from typing import Any
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from swarm_gateway.openai_errors import OpenAIError, is_openai_route
+
 # (path pattern, methods, whether the path is concrete: no {parameter} in it)
 MethodTable = list[tuple[re.Pattern[str], frozenset[str], bool]]
 _METHODS = {"get", "put", "post", "delete", "patch", "head", "options", "trace"}
@@ -65,6 +67,10 @@ class MethodsMiddleware:
                 response: Response
                 if scope["method"] == "OPTIONS":
                     response = Response(status_code=204, headers={"Allow": allow})
+                elif is_openai_route("GET", scope["path"]):
+                    error = OpenAIError(405, f"{scope['method']} is not allowed here ({allow} are)")
+                    response = error.response()
+                    response.headers["Allow"] = allow
                 else:
                     response = JSONResponse(
                         {"detail": "Method Not Allowed"}, status_code=405, headers={"Allow": allow}

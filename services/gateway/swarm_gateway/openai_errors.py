@@ -2,24 +2,31 @@
 
 ``{"error": {"message", "type", "param", "code"}}``, with OpenAI's status codes (400 for a
 bad request, 404 for an unknown model, ...), so that the stock ``openai`` client raises its
-own ``BadRequestError``/``NotFoundError``/... with the message. The other routes keep
-FastAPI's ``{"detail": ...}``.
+own ``BadRequestError``/``NotFoundError``/... with the message. Every answer but a success
+on those routes has it, 401 and 405 included. The other routes keep FastAPI's
+``{"detail": ...}``.
+
+The OpenAI routes: chat and text completions, files, fine-tuning jobs, and the reads of
+``/v1/models`` (OpenAI's ``models.list`` and ``models.retrieve``; uploading a base model is
+Swarm's own).
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from fastapi import Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import Response
+from fastapi.responses import PlainTextResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from swarm_gateway.responses import FiniteJSONResponse, finite
 
-OPENAI_PATHS = ("/v1/chat/completions", "/v1/completions")
+OPENAI_PATHS = re.compile(r"^/v1/(chat/completions|completions|files(/.*)?|fine_tuning(/.*)?)$")
+OPENAI_READS = re.compile(r"^/v1/models(/[^/]+)?$")
 
 _TYPES = {
     400: "invalid_request_error",
@@ -76,8 +83,22 @@ def model_not_found(model: str) -> OpenAIError:
     )
 
 
+def is_openai_route(method: str, path: str) -> bool:
+    if OPENAI_PATHS.match(path):
+        return True
+    return method in ("GET", "HEAD") and bool(OPENAI_READS.match(path))
+
+
 def is_openai(request: Request) -> bool:
-    return request.url.path in OPENAI_PATHS
+    return is_openai_route(request.method, request.url.path)
+
+
+async def on_server_error(request: Request, exc: Exception) -> Response:
+    """A bug's 500: OpenAI's shape on its routes (the stock client reads the message), the
+    plain text of Starlette's own answer elsewhere. The exception is still logged."""
+    if is_openai(request):
+        return OpenAIError(500, "internal error in the Swarm gateway").response()
+    return PlainTextResponse("Internal Server Error", status_code=500)
 
 
 async def on_openai_error(_: Request, exc: Exception) -> Response:

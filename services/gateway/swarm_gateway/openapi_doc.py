@@ -1,6 +1,7 @@
 """The OpenAPI document as a contract: every status each operation can answer, declared with
 its error body, so that nothing undocumented comes back; and OpenAPI links between operations
-(a submitted job -> get, cancel, events, metrics; a job -> its adapter's download), which
+(a submitted job -> get, cancel, events, metrics; a job -> its adapter's download; an OpenAI
+file -> a fine-tuning job on it -> its events and checkpoints), which
 clients and stateful fuzzers (schemathesis) follow.
 
 The statuses come from a few sources, shared by whole routers: auth (401), validation and the
@@ -70,12 +71,15 @@ ROUTER_STATUSES: dict[str, tuple[int, ...]] = {
     "adapters": (*COMMON, *REFUSALS),
     "workers": (*COMMON, 403),
     "inference": (400, 401, 403, 404, 409, 429, 502, 503),
+    # Files and fine-tuning jobs: a bad value is OpenAI's 400, not a 422.
+    "openai": (400, 401, 403, 404, 409, 413, 502, 503),
 }
+OPENAI_ROUTERS = ("inference", "openai")
 
 
 def responses(router: str) -> dict[int | str, dict[str, Any]]:
     """The ``responses`` to declare for every operation of ``router``."""
-    model = OpenAIErrorBody if router == "inference" else ErrorBody
+    model = OpenAIErrorBody if router in OPENAI_ROUTERS else ErrorBody
     return {code: {"model": model, "description": _WHY[code]} for code in ROUTER_STATUSES[router]}
 
 
@@ -176,6 +180,39 @@ def add_business_rules(document: dict[str, Any]) -> dict[str, Any]:
         response["description"] = f"{_WHY[422]}; or a business rule: {rule}"
         response["x-business-rules"] = [rule]
     return document
+
+
+# OpenAI's files and fine-tuning jobs: an upload -> the file, its content, a job on it; a job
+# -> itself, its events, checkpoints, cancel, and the files it names.
+_FILE = {"file_id": "$response.body#/id"}
+_LINKS[("/v1/files", "post", "200")] = {
+    "RetrieveFile": ("/v1/files/{file_id}", "get", _FILE),
+    "FileContent": ("/v1/files/{file_id}/content", "get", _FILE),
+    "DeleteFile": ("/v1/files/{file_id}", "delete", _FILE),
+}
+
+
+def _fine_tuning_links(source: str) -> dict[str, tuple[str, str, dict[str, Any]]]:
+    job = {"fine_tuning_job_id": f"$response.body#/{source}"}
+    base = "/v1/fine_tuning/jobs/{fine_tuning_job_id}"
+    return {
+        "RetrieveFineTuningJob": (base, "get", job),
+        "CancelFineTuningJob": (f"{base}/cancel", "post", job),
+        "FineTuningJobEvents": (f"{base}/events", "get", job),
+        "FineTuningJobCheckpoints": (f"{base}/checkpoints", "get", job),
+        "TrainingFile": (
+            "/v1/files/{file_id}",
+            "get",
+            {"file_id": "$response.body#/training_file"},
+        ),
+    }
+
+
+_LINKS[("/v1/fine_tuning/jobs", "post", "200")] = _fine_tuning_links("id")
+_LINKS[("/v1/fine_tuning/jobs/{fine_tuning_job_id}", "get", "200")] = _fine_tuning_links("id")
+_LINKS[("/v1/fine_tuning/jobs/{fine_tuning_job_id}/cancel", "post", "200")] = _fine_tuning_links(
+    "id"
+)
 
 
 def add_links(document: dict[str, Any]) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from swarm_contracts.jobs import JobRecord
 from swarm_contracts.subjects import Subjects
 from swarm_contracts.sweeps import SweepRecord, TrialRecord
 from swarm_contracts.workers import WorkerInfo, WorkerOps
+from swarm_gateway.fine_tune_records import FineTune
 from swarm_gateway.inference_workers import InferenceWorkers
 from swarm_gateway.prometheus import GatewayMetrics
 from swarm_runtime.record_cache import RecordCache
@@ -66,6 +67,10 @@ class Gateway:
     inference_workers: InferenceWorkers | None = None
     # The jobs bucket in memory, for listings (without it, each listing reads the bucket).
     job_list: RecordCache[JobRecord] | None = None
+    # What the OpenAI fine-tuning jobs add to their Swarm jobs (swarm_gateway.fine_tune_records),
+    # with its copy in memory for listings.
+    fine_tunes: RecordTable[FineTune] | None = None
+    fine_tune_list: RecordCache[FineTune] | None = None
 
     async def all_jobs(self) -> list[JobRecord]:
         return await (self.job_list or self.jobs).all()

@@ -23,12 +23,14 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from swarm_inference.adapter_cache import AdapterCache
 from swarm_inference.adapter_files import AdapterError, AdapterSource
+from swarm_inference.json_format import JsonConstraint, JsonFormatError, JsonVocabulary
 from swarm_inference.kv_batch import KvBatch, check_cache_support
 from swarm_inference.lora_slots import BASE_SLOT, LoraSlots
 from swarm_inference.sampling import SamplingParams, generator_for, next_tokens
@@ -116,6 +118,7 @@ class _Sequence:
     detokenizer: IncrementalDetokenizer
     stops: StopStrings
     generator: torch.Generator | None
+    constraint: JsonConstraint | None = None
     id: int = 0
     slot: int = BASE_SLOT
     generated: int = 0
@@ -149,6 +152,7 @@ class Engine:
         self.adapters = AdapterCache(self.lora)
         self.eos_ids = _eos_ids(model, tokenizer)
         self.pad_id = _pad_id(model, tokenizer)
+        self.json_vocabulary = JsonVocabulary(tokenizer, self.eos_ids)
 
         self._lock = threading.Condition()
         self._incoming: deque[_Sequence] = deque()
@@ -210,9 +214,19 @@ class Engine:
         prompt_ids: list[int],
         params: SamplingParams,
         adapter: AdapterSource | None = None,
+        json_schema: dict[str, Any] | None = None,
     ) -> AsyncIterator[Piece]:
-        """Stream the completion of ``prompt_ids``; raises ``EngineError`` subclasses."""
+        """Stream the completion of ``prompt_ids``; raises ``EngineError`` subclasses. With
+        ``json_schema`` the text is a JSON document that the schema accepts (cut short only
+        by ``max_tokens`` or a stop string)."""
         self.check(prompt_ids, params)
+        constraint = None
+        if json_schema is not None:
+            try:
+                # Off the event loop: the first one walks the whole vocabulary.
+                constraint = await asyncio.to_thread(self.json_vocabulary.constraint, json_schema)
+            except JsonFormatError as exc:
+                raise InvalidRequest(str(exc)) from exc
         seq = _Sequence(
             prompt_ids=list(prompt_ids),
             params=params,
@@ -222,6 +236,7 @@ class Engine:
             detokenizer=IncrementalDetokenizer(self.tokenizer, prompt_ids),
             stops=StopStrings(params.stop),
             generator=generator_for(params),
+            constraint=constraint,
             id=next(self._ids),
         )
         with self._lock:
@@ -241,12 +256,16 @@ class Engine:
             seq.aborted = True  # read by the engine thread at its next step; no-op when done
 
     async def complete(
-        self, prompt_ids: list[int], params: SamplingParams, adapter: AdapterSource | None = None
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        adapter: AdapterSource | None = None,
+        json_schema: dict[str, Any] | None = None,
     ) -> Piece:
         """The whole completion as one piece."""
         parts: list[str] = []
         last: Piece | None = None
-        async for piece in self.generate(prompt_ids, params, adapter):
+        async for piece in self.generate(prompt_ids, params, adapter, json_schema):
             parts.append(piece.text)
             last = piece
         assert last is not None
@@ -375,9 +394,14 @@ class Engine:
         logits: torch.Tensor,
         out: list[tuple[_Sequence, Piece | BaseException]],
     ) -> None:
-        tokens = next_tokens(logits, [s.params for s in rows], [s.generator for s in rows])
+        allowed = self._allowed(rows, out) if any(s.constraint is not None for s in rows) else None
+        tokens = next_tokens(logits, [s.params for s in rows], [s.generator for s in rows], allowed)
         self.generated_tokens += len(tokens)
         for seq, token in zip(rows, tokens, strict=True):
+            if seq.done:  # its constraint failed just now
+                continue
+            if seq.constraint is not None:
+                seq.constraint.advance(token)
             seq.next_token = token
             seq.generated += 1
             finish: str | None = None
@@ -397,6 +421,23 @@ class Engine:
                 out.append(
                     (seq, Piece(text, seq.generated, len(seq.prompt_ids), finish_reason=finish))
                 )
+
+    def _allowed(
+        self, rows: list[_Sequence], out: list[tuple[_Sequence, Piece | BaseException]]
+    ) -> list[list[int] | None]:
+        """Each row's allowed token ids (None: any). A row whose constraint fails ends with
+        the error; the batch goes on."""
+        allowed: list[list[int] | None] = []
+        for seq in rows:
+            ids = None
+            if seq.constraint is not None:
+                try:
+                    ids = seq.constraint.allowed()
+                except JsonFormatError as exc:
+                    seq.done = True
+                    out.append((seq, InvalidRequest(str(exc))))
+            allowed.append(ids)
+        return allowed
 
     def _retire(self) -> None:
         """Drop rows that finished or whose caller went away; release their adapters."""

@@ -1,5 +1,8 @@
 """Choosing each row's next token: greedy at temperature 0, else temperature + nucleus (top_p).
 
+A row may come with the token ids it is allowed (constrained decoding, ``json_format``):
+its other logits are masked before it is chosen, greedy or sampled; other rows are untouched.
+
 Sampled rows draw from their own seeded ``torch.Generator`` on the CPU, so a request with a
 seed gives the same tokens whatever else shares its batch, and on any device.
 """
@@ -55,12 +58,31 @@ def nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     return torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
 
 
+def mask_disallowed(logits: torch.Tensor, allowed: list[list[int] | None]) -> torch.Tensor:
+    """``logits`` with -inf everywhere but the allowed ids of the rows that have a list
+    (a copy when any row has one)."""
+    constrained = [i for i, ids in enumerate(allowed) if ids is not None]
+    if not constrained:
+        return logits
+    masked = logits.clone()
+    for i in constrained:
+        ids = torch.tensor(allowed[i], dtype=torch.long, device=logits.device)
+        row = torch.full_like(masked[i], float("-inf"))
+        row[ids] = masked[i, ids]
+        masked[i] = row
+    return masked
+
+
 def next_tokens(
     logits: torch.Tensor,
     params: list[SamplingParams],
     generators: list[torch.Generator | None],
+    allowed: list[list[int] | None] | None = None,
 ) -> list[int]:
-    """One token per row of ``logits`` ([rows, vocab])."""
+    """One token per row of ``logits`` ([rows, vocab]); ``allowed``: per row, None or the
+    only token ids it may take."""
+    if allowed is not None:
+        logits = mask_disallowed(logits, allowed)
     chosen = logits.argmax(dim=-1).tolist()
     sampled = [i for i, p in enumerate(params) if not p.greedy]
     if sampled:

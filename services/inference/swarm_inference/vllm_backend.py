@@ -26,6 +26,7 @@ from transformers import PreTrainedTokenizerBase
 from swarm_inference.adapter_files import CONFIG_FILE, WEIGHTS_FILE, AdapterSource, verified
 from swarm_inference.engine import (
     EngineStats,
+    InvalidRequest,
     Piece,
     check_prompt,
     encode_prompt,
@@ -110,11 +111,19 @@ class VllmEngine:
         return LoRARequest(adapter.key, lora_id, str(adapter.path))
 
     async def generate(
-        self, prompt_ids: list[int], params: SamplingParams, adapter: AdapterSource | None = None
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        adapter: AdapterSource | None = None,
+        json_schema: dict[str, Any] | None = None,
     ) -> AsyncIterator[Piece]:
         from vllm import SamplingParams as VllmSampling
 
         self.check(prompt_ids, params)
+        if json_schema is not None:
+            # vLLM's structured-output options change between its releases; until one is
+            # pinned and tested here, JSON formats are the batched engine's only.
+            raise InvalidRequest("response_format json is not supported by the vLLM backend")
         sampling = VllmSampling(
             n=1,
             max_tokens=params.max_tokens,

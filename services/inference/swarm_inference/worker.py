@@ -47,6 +47,7 @@ from swarm_inference.engine import (
     EngineStats,
     InvalidRequest,
 )
+from swarm_inference.json_format import ANY_OBJECT
 from swarm_inference.metrics import InferenceMetrics
 from swarm_inference.replies import Replier
 from swarm_inference.sampling import SamplingParams
@@ -300,7 +301,7 @@ class InferenceWorker:
             adapter = await self._adapter_for(request, held)
             replier.model = adapter.key if adapter is not None else held.ref
             prompt_ids, params = self._sampling(request, held)
-            await self._stream(held, prompt_ids, params, adapter, replier)
+            await self._stream(held, prompt_ids, params, adapter, _json_schema(request), replier)
             outcome = "ok"
         except RequestFailed as exc:
             if exc.error.code == "overloaded":
@@ -377,12 +378,13 @@ class InferenceWorker:
         prompt_ids: list[int],
         params: SamplingParams,
         adapter: AdapterSource | None,
+        json_schema: dict[str, Any] | None,
         replier: Replier,
     ) -> None:
         started = time.monotonic()
         first = True
         last = None
-        async for piece in held.engine.generate(prompt_ids, params, adapter):
+        async for piece in held.engine.generate(prompt_ids, params, adapter, json_schema):
             if first and piece.completion_tokens:
                 self.metrics.first_token.observe(time.monotonic() - started)
                 first = False
@@ -498,6 +500,13 @@ class InferenceWorker:
             except Exception:  # a NATS hiccup must not end the heartbeats for good
                 log.exception("heartbeat failed")
             await asyncio.sleep(self.settings.heartbeat_interval_s)
+
+
+def _json_schema(request: GenerateRequest) -> dict[str, Any] | None:
+    """The schema the text must match: None for free text."""
+    if request.response_format == "json_object":
+        return ANY_OBJECT
+    return request.json_schema
 
 
 def _describe(device: Any) -> str:

@@ -788,6 +788,7 @@ class TrainerAgent:
                     lr=report.lr,
                     tokens_per_s=report.tokens_per_s,
                     elapsed_s=report.elapsed_s,
+                    tokens=round(report.tokens_per_s * report.step_s),
                 )
                 await self._emit(event, report.step)
             case reports.Validated():

@@ -20,9 +20,9 @@ from fastapi import (
 )
 from pydantic import BaseModel
 
-from swarm_contracts.datasets import DatasetInfo, dataset_id_for
+from swarm_contracts.datasets import DatasetInfo
 from swarm_contracts.jobs import MODEL_REF_PATTERN
-from swarm_contracts.layout import dataset_key, join_key
+from swarm_contracts.layout import join_key
 from swarm_contracts.names import check_label, label_from_filename
 from swarm_contracts.refs import Ref
 from swarm_contracts.registry import GetModel, ModelVersion
@@ -33,12 +33,12 @@ from swarm_gateway.dataset_stats import (
     percentiles,
     token_lengths,
 )
-from swarm_gateway.dataset_validation import DatasetError, validate_jsonl
+from swarm_gateway.dataset_upload import store_dataset
+from swarm_gateway.dataset_validation import DatasetError
 from swarm_gateway.errors import field_error
 from swarm_gateway.responses import FiniteJSONResponse
 from swarm_gateway.state import Gateway, get_gateway
-from swarm_gateway.uploads import check_content_length, save_upload
-from swarm_runtime.records import Conflict
+from swarm_gateway.uploads import check_content_length
 
 router = APIRouter(prefix="/v1/datasets", tags=["datasets"])
 GW = Annotated[Gateway, Depends(get_gateway)]
@@ -63,54 +63,19 @@ async def upload_dataset(
         str | None, Form(description="a label; default: the file's name without its path")
     ] = None,
 ) -> FiniteJSONResponse:
-    limit = gw.settings.max_upload_bytes
-    check_content_length(request, limit)
+    check_content_length(request, gw.settings.max_upload_bytes)
     label = _label(name, file.filename)
-    with tempfile.TemporaryDirectory(prefix="swarm-upload-") as tmp:
-        path = Path(tmp) / "data.jsonl"
-        size, sha = await save_upload(file, path, limit)
-        try:
-            summary = await asyncio.to_thread(validate_jsonl, path)
-        except DatasetError as exc:
-            loc: list[str | int] = ["body", "file"]
-            if exc.line:
-                loc.append(f"line {exc.line}")
-            raise field_error(422, loc, str(exc), "invalid_dataset") from exc
-
-        dataset_id = dataset_id_for(sha)
-        kv_key = f"{tenant}.{dataset_id}"
-        existing = await gw.datasets.get(kv_key)
-        if existing is not None:
-            return FiniteJSONResponse(
-                existing[0].model_dump(mode="json"), status_code=status.HTTP_200_OK
-            )
-
-        store_key = dataset_key(tenant, sha)
-        # Content-addressed: identical bytes already stored need not travel again.
-        if not await asyncio.to_thread(gw.store.exists, store_key):
-            await asyncio.to_thread(gw.store.put_file, store_key, path)
-
-    info = DatasetInfo(
-        id=dataset_id,
-        tenant=tenant,
-        name=label,
-        sha256=sha,
-        store_key=store_key,
-        format=summary.format,
-        examples=summary.examples,
-        bytes=size,
-    )
     try:
-        await gw.datasets.create(kv_key, info)
-    except Conflict:
-        # A concurrent identical upload won the race; its record is the answer.
-        found = await gw.datasets.get(kv_key)
-        if found is None:
-            raise HTTPException(
-                status.HTTP_409_CONFLICT, detail="concurrent upload, retry"
-            ) from None
-        return FiniteJSONResponse(found[0].model_dump(mode="json"), status_code=status.HTTP_200_OK)
-    return FiniteJSONResponse(info.model_dump(mode="json"), status_code=status.HTTP_201_CREATED)
+        info, new = await store_dataset(gw, tenant, file, label)
+    except DatasetError as exc:
+        loc: list[str | int] = ["body", "file"]
+        if exc.line:
+            loc.append(f"line {exc.line}")
+        raise field_error(422, loc, str(exc), "invalid_dataset") from exc
+    return FiniteJSONResponse(
+        info.model_dump(mode="json"),
+        status_code=status.HTTP_201_CREATED if new else status.HTTP_200_OK,
+    )
 
 
 def _label(name: str | None, filename: str | None) -> str | None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 import uuid
@@ -18,7 +17,6 @@ from swarm_contracts.jobs import (
     JobRecord,
     JobSpec,
     JobState,
-    JobSubmission,
     job_id_for,
     unverifiable,
 )
@@ -32,10 +30,10 @@ from swarm_gateway.auth import Caller, Principal, Tenant
 from swarm_gateway.errors import field_error
 from swarm_gateway.event_stream import LastEventId, follow, start_sequence
 from swarm_gateway.job_checks import check_base_model, check_datasets, check_parent
+from swarm_gateway.job_submit import submit
 from swarm_gateway.responses import FiniteJSONResponse
 from swarm_gateway.state import Gateway, get_gateway
 from swarm_runtime.rpc import Refused
-from swarm_runtime.tracing import trace_headers
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 GW = Annotated[Gateway, Depends(get_gateway)]
@@ -76,40 +74,8 @@ async def submit_job(
     await check_parent(gw, tenant, spec)
     await check_base_model(gw, spec)
     job_id = job_id_for(tenant, idempotency_key or uuid.uuid4().hex)
-    existing = await gw.jobs.get(job_id)
-    if existing is not None:
-        return FiniteJSONResponse(
-            existing[0].model_dump(mode="json"), status_code=status.HTTP_200_OK
-        )
-
-    submission = JobSubmission(spec=spec, tenant=tenant, job_id=job_id)
-    event = envelope("gateway", "swarm.job.submit", submission, subject=job_id)
-    # The job's trace starts here; the scheduler continues it from the traceparent header.
-    attributes = {"swarm.job_id": job_id, "swarm.tenant": tenant}
-    with gw.tracer.start_as_current_span("gateway.submit", attributes=attributes):
-        # Nats-Msg-Id = job id: a retried POST (same key) is dropped by the stream itself.
-        await gw.publish(
-            gw.subjects.submit,
-            event.model_dump_json().encode(),
-            stream=gw.subjects.submit_stream,
-            headers={"Nats-Msg-Id": job_id, "content-type": "application/json", **trace_headers()},
-        )
-    if gw.metrics is not None:
-        gw.metrics.submissions.inc()
-
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + gw.submit_wait_s
-    delay = 0.02
-    while loop.time() < deadline:
-        found = await gw.jobs.get(job_id)
-        if found is not None:
-            return FiniteJSONResponse(
-                found[0].model_dump(mode="json"), status_code=status.HTTP_201_CREATED
-            )
-        await asyncio.sleep(min(delay, max(0.0, deadline - loop.time())))
-        delay = min(delay * 2, 0.25)
-    pending = JobRecord(job_id=job_id, tenant=tenant, spec=spec, state=JobState.queued)
-    return FiniteJSONResponse(pending.model_dump(mode="json"), status_code=status.HTTP_202_ACCEPTED)
+    record, status_code = await submit(gw, tenant, spec, job_id)
+    return FiniteJSONResponse(record.model_dump(mode="json"), status_code=status_code)
 
 
 @router.post(

@@ -7,7 +7,9 @@ list what the caller can serve.
 the registry's ``ModelVersion`` records (every field), ``kind: "adapter"`` entries are the
 caller's adapters. ``id`` is what to pass as ``model``: the name for the latest version,
 ``name@version`` for older ones. ``served`` says whether a live inference worker holds the
-base model version now. ``?kind=base_model`` lists the catalog alone.
+base model version now. ``?kind=base_model`` lists the catalog alone. ``GET /v1/models/{id}``
+(OpenAI's ``models.retrieve``) answers the same entry for any of those ids, and for aliases.
+Both reads answer errors in OpenAI's shape (``swarm_gateway.openai_errors``).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import asyncio
 import re
 import tempfile
 from pathlib import Path as FsPath
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, File, Form, Path, Query, Request, UploadFile, status
 from fastapi.responses import FileResponse
@@ -25,8 +27,10 @@ from pydantic import BaseModel, Field
 from swarm_contracts.jobs import NAME_PATTERN
 from swarm_contracts.layout import join_key, model_prefix
 from swarm_contracts.names import HF_ID_PATTERN
+from swarm_contracts.refs import Ref
 from swarm_contracts.registry import (
     AdapterVersion,
+    GetAdapter,
     GetModel,
     ListAdapters,
     ListModels,
@@ -35,9 +39,12 @@ from swarm_contracts.registry import (
 )
 from swarm_gateway.auth import Admin, Tenant
 from swarm_gateway.errors import field_error
+from swarm_gateway.openai_errors import model_not_found
+from swarm_gateway.openapi_doc import OpenAIErrorBody
 from swarm_gateway.state import Gateway, get_gateway
 from swarm_gateway.uploads import check_content_length, save_upload
 from swarm_gateway.verified_tar import verified_tar
+from swarm_runtime.rpc import Refused
 from swarm_runtime.store import tree_digest
 
 router = APIRouter(prefix="/v1/models", tags=["models"])
@@ -151,59 +158,109 @@ def _ids(records: list[tuple[str, int]]) -> dict[tuple[str, int], str]:
     return {(n, v): n if latest[n] == v else f"{n}@{v}" for n, v in records}
 
 
-@router.get("", response_model=ModelList)
+def _held(gw: Gateway) -> set[tuple[str, int]]:
+    """The base model versions a live inference worker holds."""
+    return {
+        (m.name, m.version)
+        for beat in (gw.inference_workers.alive() if gw.inference_workers else [])
+        for m in beat.base_models
+    }
+
+
+def _base_entry(m: ModelVersion, model_id: str, held: set[tuple[str, int]]) -> BaseModelEntry:
+    return BaseModelEntry(
+        **m.model_dump(),
+        id=model_id,
+        created=int(m.created_at.timestamp()),
+        served=(m.name, m.version) in held,
+    )
+
+
+def _adapter_entry(a: AdapterVersion, model_id: str, held: set[tuple[str, int]]) -> AdapterEntry:
+    base = (a.lineage.base_model, a.lineage.base_model_version)
+    return AdapterEntry(
+        id=model_id,
+        created=int(a.created_at.timestamp()),
+        owned_by=a.tenant,
+        name=a.name,
+        version=a.version,
+        base_model=f"{base[0]}@{base[1]}",
+        served=base in held,
+    )
+
+
+# OpenAI's models.list and models.retrieve: their errors are OpenAI's shape.
+_OPENAI_ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": OpenAIErrorBody, "description": why}
+    for code, why in (
+        (400, "a bad query value"),
+        (401, "missing or unknown API key"),
+        (403, "the registry refused the caller"),
+        (404, "no such model for the caller"),
+        (502, "the registry failed"),
+        (503, "the registry or NATS is not reachable"),
+    )
+}
+
+
+@router.get("", response_model=ModelList, responses=_OPENAI_ERRORS)
 async def list_models(
     gw: GW,
     tenant: Tenant,
     kind: Annotated[Literal["base_model", "adapter"] | None, Query()] = None,
 ) -> ModelList:
-    held = {
-        (m.name, m.version)
-        for beat in (gw.inference_workers.alive() if gw.inference_workers else [])
-        for m in beat.base_models
-    }
+    held = _held(gw)
     entries: list[BaseModelEntry | AdapterEntry] = []
     if kind in (None, "base_model"):
         models = await gw.registry.call("models.list", ListModels(), list[ModelVersion])
         ids = _ids([(m.name, m.version) for m in models])
         for m in sorted(models, key=lambda m: (m.name, -m.version)):
-            entries.append(
-                BaseModelEntry(
-                    **m.model_dump(),
-                    id=ids[(m.name, m.version)],
-                    created=int(m.created_at.timestamp()),
-                    served=(m.name, m.version) in held,
-                )
-            )
+            entries.append(_base_entry(m, ids[(m.name, m.version)], held))
     if kind in (None, "adapter"):
         request = ListAdapters(tenant=tenant)
         adapters = await gw.registry.call("adapters.list", request, list[AdapterVersion])
         adapters = [a for a in adapters if a.tenant == tenant]
         ids = _ids([(a.name, a.version) for a in adapters])
         for a in sorted(adapters, key=lambda a: (a.name, -a.version)):
-            base = (a.lineage.base_model, a.lineage.base_model_version)
-            entries.append(
-                AdapterEntry(
-                    id=ids[(a.name, a.version)],
-                    created=int(a.created_at.timestamp()),
-                    owned_by=a.tenant,
-                    name=a.name,
-                    version=a.version,
-                    base_model=f"{base[0]}@{base[1]}",
-                    served=base in held,
-                )
-            )
+            entries.append(_adapter_entry(a, ids[(a.name, a.version)], held))
     return ModelList(data=entries)
 
 
-@router.get("/{name}", response_model=ModelVersion)
+@router.get("/{model_id}", response_model=BaseModelEntry | AdapterEntry, responses=_OPENAI_ERRORS)
 async def get_model(
-    name: Annotated[str, Path(pattern=NAME_PATTERN)],
+    model_id: Annotated[str, Path(max_length=200)],
     gw: GW,
-    _tenant: Tenant,
+    tenant: Tenant,
     version: Annotated[int | None, Query(ge=1)] = None,
-) -> ModelVersion:
-    return await gw.registry.call("models.get", GetModel(name=name, version=version), ModelVersion)
+) -> BaseModelEntry | AdapterEntry:
+    """OpenAI's ``models.retrieve``: any id ``GET /v1/models`` lists, and every other name a
+    completion takes (``name@version``, an adapter's ``name@alias``), as the same entry.
+    ``version`` picks a base model's version (Swarm's own use)."""
+    try:
+        ref = Ref.parse(model_id)
+    except ValueError:
+        raise model_not_found(model_id) from None
+    if not re.match(NAME_PATTERN, ref.name):
+        raise model_not_found(model_id)
+    held = _held(gw)
+    if ref.alias is None:
+        try:
+            request = GetModel(name=ref.name, version=version or ref.version)
+            model = await gw.registry.call("models.get", request, ModelVersion)
+            return _base_entry(model, model_id, held)
+        except Refused as exc:
+            if exc.code != "not_found":
+                raise
+    if version is not None and ref.version is None and ref.alias is None:
+        model_id = f"{ref.name}@{version}"
+    try:
+        get = GetAdapter(name=model_id, tenant=tenant)
+        adapter = await gw.registry.call("adapters.get", get, AdapterVersion)
+    except Refused as exc:
+        if exc.code in ("not_found", "invalid"):
+            raise model_not_found(model_id) from exc
+        raise
+    return _adapter_entry(adapter, model_id, held)
 
 
 @router.get(

@@ -4,9 +4,11 @@
 (``support-bot``, ``support-bot@3``, ``support-bot@production``). Streams are Server-Sent
 Events in OpenAI's chunk format ending with ``data: [DONE]``; errors use OpenAI's shape
 (``swarm_gateway.openai_errors``). Supported: ``max_tokens`` (``max_completion_tokens``),
-``temperature``, ``top_p``, ``stop``, ``seed``, ``n`` = 1, ``stream`` and
-``stream_options.include_usage``; other OpenAI fields are ignored, except those whose
-absence would change the answer (``n`` > 1, ``tools``, ``logprobs``, ``echo``, ...): 400.
+``temperature``, ``top_p``, ``stop``, ``seed``, ``n`` = 1, ``stream``,
+``stream_options.include_usage`` and ``response_format`` (``text``, ``json_object``,
+``json_schema``: constrained decoding on the worker); other OpenAI fields are ignored, except
+those whose absence would change the answer (``n`` > 1, ``tools``, ``logprobs``, ``echo``,
+another ``response_format``, ...): 400.
 
 The HTTP status is decided by the first chunk that is not bookkeeping (text, done or an
 error), so an unknown adapter, a prompt over the context or a full worker is a 4xx/5xx, not
@@ -57,6 +59,7 @@ class _Sampling(BaseModel):
     stream_options: StreamOptions | None = None
     logprobs: Any = None
     top_logprobs: Any = None
+    response_format: dict[str, Any] | None = None
 
 
 class ChatMessageIn(BaseModel):
@@ -85,7 +88,31 @@ def _refuse(param: str, message: str) -> OpenAIError:
     return OpenAIError(400, message, param=param, code="unsupported_parameter")
 
 
+def _response_format(body: _Sampling) -> dict[str, Any]:
+    """The worker request's ``response_format`` (and ``json_schema``) fields, or why not."""
+    given = body.response_format or {}
+    kind = given.get("type", "text")
+    if kind in ("text", "json_object"):
+        return {"response_format": kind}
+    if kind != "json_schema":
+        raise _refuse(
+            "response_format",
+            f"response_format {kind!r} is not supported (use text, json_object or json_schema)",
+        )
+    spec = given.get("json_schema")
+    schema = spec.get("schema") if isinstance(spec, dict) else None
+    if not isinstance(schema, dict):
+        raise OpenAIError(
+            400,
+            "response_format json_schema needs json_schema.schema, a JSON Schema object",
+            param="response_format.json_schema.schema",
+            code="invalid_value",
+        )
+    return {"response_format": kind, "json_schema": schema}
+
+
 def _common_checks(gw: Gateway, body: _Sampling, max_tokens: int | None) -> list[str]:
+    _response_format(body)  # refused before any lookup
     if body.n not in (None, 1):
         raise _refuse("n", "only n=1 is supported")
     if body.logprobs not in (None, False, 0) or body.top_logprobs not in (None, 0):
@@ -155,6 +182,7 @@ def _worker_request(
         top_p=1.0 if body.top_p is None else body.top_p,
         stop=stop,
         seed=body.seed,
+        **_response_format(body),
         **inputs,
     )
 
