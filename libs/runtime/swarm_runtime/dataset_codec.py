@@ -14,7 +14,7 @@ import os
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import BinaryIO, Literal, Protocol
+from typing import BinaryIO, Literal, Protocol, cast
 
 import zstandard
 
@@ -68,7 +68,9 @@ class _DecompressingReader(io.RawIOBase):
         self._source = source
         self._kind = kind
         self._dec = _new(kind)
+        self._input = b""
         self._pending = b""
+        self._offset = 0  # into _pending: slicing it on every read would copy it again
         self._started = False
         self._done = False
 
@@ -76,32 +78,39 @@ class _DecompressingReader(io.RawIOBase):
         return True
 
     def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
-        while not self._pending and not self._done:
-            self._step()
-        n = min(len(buffer), len(self._pending))
-        buffer[:n] = self._pending[:n]
-        self._pending = self._pending[n:]
+        while self._offset >= len(self._pending) and not self._done:
+            self._pending, self._offset = self._step(), 0
+        n = min(len(buffer), len(self._pending) - self._offset)
+        buffer[:n] = self._pending[self._offset : self._offset + n]
+        self._offset += n
         return n
 
-    def _step(self) -> None:
-        data = self._source.read(_IN_CHUNK)
-        if not data:
-            if self._started and not self._dec.eof:
-                raise CorruptDataset(f"the {self._kind} data ends early (truncated upload?)")
-            self._done = True
-            return
+    def _step(self) -> bytes:
+        if not self._input:
+            self._input = self._source.read(_IN_CHUNK)
+            if not self._input:
+                if self._started and not self._dec.eof:
+                    raise CorruptDataset(f"the {self._kind} data ends early (truncated upload?)")
+                self._done = True
+                return b""
+        self._started = True
         try:
-            while data:
-                self._started = True
-                self._pending += self._dec.decompress(data)
-                if not self._dec.eof:
-                    break
-                # One frame (gzip member) ended; what follows starts the next one.
-                data = self._dec.unused_data
-                self._dec = _new(self._kind)
-                self._started = False
+            if self._kind == "gzip":
+                # zlib can cap its output: what it did not get to waits in unconsumed_tail.
+                gz = cast("zlib._Decompress", self._dec)
+                out = gz.decompress(self._input, _OUT_CHUNK)
+                self._input = gz.unconsumed_tail
+            else:
+                out = self._dec.decompress(self._input)
+                self._input = b""
         except (zlib.error, zstandard.ZstdError) as exc:
             raise CorruptDataset(f"the {self._kind} data is corrupt: {exc}") from exc
+        if self._dec.eof:
+            # One frame (gzip member) ended; what follows starts the next one.
+            self._input = self._dec.unused_data + self._input
+            self._dec = _new(self._kind)
+            self._started = False
+        return out
 
 
 @contextlib.contextmanager
