@@ -124,14 +124,12 @@ def open_jsonl(path: Path) -> Iterator[BinaryIO]:
             yield raw
             return
         reader = _DecompressingReader(raw, kind)
-        yield io.BufferedReader(reader, buffer_size=_OUT_CHUNK)  # type: ignore[arg-type]
+        yield io.BufferedReader(reader, buffer_size=_OUT_CHUNK)
 
 
 def zstd_writer(target: BinaryIO) -> BinaryIO:
     """A writer that zstd-compresses into ``target`` (closing it finishes the frame)."""
-    return zstandard.ZstdCompressor(level=ZSTD_LEVEL).stream_writer(  # type: ignore[return-value]
-        target, closefd=False
-    )
+    return zstandard.ZstdCompressor(level=ZSTD_LEVEL).stream_writer(target, closefd=False)
 
 
 def decompress_file(source: Path, target: Path) -> None:
