@@ -1077,11 +1077,15 @@ def datasets_stats(
 
 @datasets_app.command("upload")
 def datasets_upload(
-    path: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="JSONL file")],
+    path: Annotated[
+        Path,
+        typer.Argument(exists=True, dir_okay=False, help="JSONL file, plain or gzip/zstd"),
+    ],
     name: Annotated[str | None, typer.Option(help="a label; defaults to the file name")] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Upload a JSONL dataset (text, prompt/completion or chat)."""
+    """Upload a JSONL dataset (text, prompt/completion or chat), plain, .gz or .zst; it
+    streams from disk, and a bad file gets its first 20 bad lines named."""
     info = run(lambda: client().upload_dataset(path, name=name))
     if as_json:
         dump(info)

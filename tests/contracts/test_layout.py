@@ -17,7 +17,7 @@ def test_keys_of_one_job() -> None:
 
 
 def test_artifact_keys() -> None:
-    assert layout.dataset_key("acme", "ab" * 32) == f"datasets/acme/{'ab' * 32}.jsonl"
+    assert layout.dataset_key("acme", "ab" * 32) == f"datasets/acme/{'ab' * 32}.jsonl.zst"
     assert layout.model_prefix("tiny", "0123456789abcdef" * 4) == "models/tiny/0123456789abcdef"
     assert layout.adapter_prefix("acme", "bot", 3) == "adapters/acme/bot/3"
     assert layout.export_prefix("acme", "bot", 3) == "exports/acme/bot/3"

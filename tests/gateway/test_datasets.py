@@ -1,11 +1,14 @@
-"""Dataset uploads: validation naming the bad line, content addressing, size limit."""
+"""Dataset uploads: validation naming the bad line, content addressing, size limit (compressed
+uploads: tests/gateway/test_dataset_compression.py)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import httpx
 import pytest
+import zstandard
 
 from swarm_gateway import create_app
 from swarm_runtime.settings import Settings
@@ -32,8 +35,11 @@ async def test_upload_is_content_addressed(client: httpx.AsyncClient, settings: 
     assert info["format"] == "prompt_completion"
     assert info["examples"] == 5
     assert info["name"] == "adds"
-    assert info["store_key"] == f"datasets/default/{info['sha256']}.jsonl"
-    assert open_store(settings).get_bytes(info["store_key"]) == jsonl(PC)
+    assert info["store_key"] == f"datasets/default/{info['sha256']}.jsonl.zst"
+    assert info["sha256"] == hashlib.sha256(jsonl(PC)).hexdigest()
+    assert info["bytes"] == len(jsonl(PC))
+    stored = open_store(settings).get_bytes(info["store_key"])
+    assert zstandard.ZstdDecompressor().decompressobj().decompress(stored) == jsonl(PC)
 
     again = await upload(client, jsonl(PC))
     assert again.status_code == 200

@@ -10,10 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import zstandard
 
 from swarm_contracts.datasets import DatasetInfo, dataset_id_for
 from swarm_contracts.jobs import JobSpec, ModelRef
-from swarm_contracts.layout import dataset_key
+from swarm_contracts.layout import DATASETS, dataset_key, join_key
 from swarm_contracts.workers import Assignment
 from swarm_runtime.store import ObjectStore, tree_digest
 from swarm_trainer.reports import Report
@@ -53,12 +54,22 @@ def arithmetic_records(n: int = 48) -> list[dict[str, str]]:
 
 
 def put_dataset(
-    store: ObjectStore, records: list[dict[str, Any]], tenant: str = "default"
+    store: ObjectStore,
+    records: list[dict[str, Any]],
+    tenant: str = "default",
+    *,
+    legacy_plain: bool = False,
 ) -> DatasetInfo:
+    """As the gateway stores it: zstd at ``dataset_key``; ``legacy_plain``: as it did before
+    compression, plain JSONL at ``<sha256>.jsonl``."""
     data = "".join(json.dumps(r) + "\n" for r in records).encode()
     sha = hashlib.sha256(data).hexdigest()
-    key = dataset_key(tenant, sha)
-    store.put_bytes(key, data)
+    if legacy_plain:
+        key = join_key(DATASETS, tenant, f"{sha}.jsonl")
+        store.put_bytes(key, data)
+    else:
+        key = dataset_key(tenant, sha)
+        store.put_bytes(key, zstandard.ZstdCompressor().compress(data))
     return DatasetInfo(
         id=dataset_id_for(sha),
         tenant=tenant,

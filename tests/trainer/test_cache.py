@@ -13,9 +13,11 @@ from pathlib import Path
 import pytest
 
 from swarm_contracts.layout import dataset_key
+from swarm_runtime.dataset_codec import CorruptDataset
 from swarm_runtime.store import LocalStore
 from swarm_trainer import fetch
 from swarm_trainer.cache import CacheError, TransferCache
+from swarm_trainer.data import read_jsonl
 from swarm_trainer.fetch import DATASET_FILE
 
 from .conftest import put_dataset, put_model
@@ -191,7 +193,7 @@ def test_base_model_and_dataset_come_from_the_store_once(
     for _ in range(2):
         with fetch.base_model(cache, store, ref) as model, fetch.dataset(cache, store, info) as ds:
             assert (model.path / "config.json").is_file()
-            assert (ds.path / DATASET_FILE).read_bytes() == store.get_bytes(info.store_key)
+            assert (ds.path / DATASET_FILE).read_bytes() == b'{"text": "hello"}\n'
     model_gets = [k for k in store.gets if k.startswith(ref.store_key)]
     assert sorted(model_gets) == store.list(ref.store_key + "/")
     assert store.gets.count(dataset_key("default", info.sha256)) == 1
@@ -207,3 +209,30 @@ def test_a_model_whose_store_files_do_not_match_its_digest_is_refused(
     store.put_bytes(f"{ref.store_key}/config.json", b"{}")
     with pytest.raises(CacheError), fetch.base_model(cache, store, ref):
         pass
+
+
+@pytest.mark.parametrize("legacy_plain", [False, True], ids=["zstd", "plain (before zstd)"])
+def test_a_dataset_is_cached_as_plain_jsonl_however_stored(
+    tmp_path: Path, legacy_plain: bool
+) -> None:
+    store = CountingStore(tmp_path / "store")
+    cache = TransferCache(tmp_path / "cache", max_bytes=1 << 30)
+    records = [{"text": f"example {i}"} for i in range(1000)]
+    info = put_dataset(store, records, legacy_plain=legacy_plain)
+    stored = store.get_bytes(info.store_key)
+    assert stored.startswith(b"\x28\xb5\x2f\xfd") is not legacy_plain
+    with fetch.dataset(cache, store, info) as ds:
+        data = (ds.path / DATASET_FILE).read_bytes()
+    assert hashlib.sha256(data).hexdigest() == info.sha256
+    assert read_jsonl(ds.path / DATASET_FILE) == records
+    assert [p.name for p in ds.path.iterdir()] == [DATASET_FILE]  # nothing left over
+
+
+def test_a_truncated_stored_dataset_is_an_error_and_not_cached(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "store")
+    cache = TransferCache(tmp_path / "cache", max_bytes=1 << 30)
+    info = put_dataset(store, [{"text": f"example {i} " * 50} for i in range(2000)])
+    store.put_bytes(info.store_key, store.get_bytes(info.store_key)[:-100])
+    with pytest.raises(CorruptDataset, match="ends early"), fetch.dataset(cache, store, info):
+        pass
+    assert cache.entries("datasets") == []

@@ -1,4 +1,5 @@
-"""Datasets: JSONL files uploaded through the gateway, content-addressed by sha256."""
+"""Datasets: JSONL files uploaded through the gateway, content-addressed by the sha256 of the
+decompressed JSONL (stored zstd-compressed: ``layout.dataset_key``)."""
 
 from __future__ import annotations
 

@@ -57,8 +57,10 @@ def join_key(*parts: str) -> str:
 
 
 def dataset_key(tenant: str, sha256: str) -> str:
-    """An uploaded dataset, stored once per tenant and content."""
-    return join_key(DATASETS, tenant, f"{sha256}.jsonl")
+    """An uploaded dataset, stored once per tenant and content (the sha256 of its JSONL),
+    zstd-compressed. Datasets uploaded before compression sit at ``<sha256>.jsonl``, plain;
+    their records keep that key, and readers tell the two apart by the magic bytes."""
+    return join_key(DATASETS, tenant, f"{sha256}.jsonl.zst")
 
 
 def model_prefix(name: str, tree_digest: str) -> str:

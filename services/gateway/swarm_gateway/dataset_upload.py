@@ -1,20 +1,58 @@
 """Storing an uploaded JSONL dataset: checked line by line, content-addressed, one record per
-tenant and sha256. Shared by ``POST /v1/datasets`` and OpenAI's ``POST /v1/files``."""
+tenant and sha256. Shared by ``POST /v1/datasets`` and OpenAI's ``POST /v1/files``.
+
+An upload may be plain, gzip or zstd JSONL (told by its magic bytes). One streaming pass over
+the decompressed lines checks them, hashes them and recompresses them with zstd for the store,
+so the gateway never holds the file in memory. The sha256 (and so the dataset id) is of the
+decompressed JSONL: the same data uploaded plain or compressed is the same dataset."""
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from fastapi import HTTPException, UploadFile, status
 
 from swarm_contracts.datasets import DatasetInfo, dataset_id_for
 from swarm_contracts.layout import dataset_key
-from swarm_gateway.dataset_validation import validate_jsonl
+from swarm_gateway.dataset_validation import DatasetError, DatasetSummary, JsonlChecker
 from swarm_gateway.state import Gateway
 from swarm_gateway.uploads import save_upload
+from swarm_runtime.dataset_codec import CorruptDataset, open_jsonl, zstd_writer
 from swarm_runtime.records import Conflict
+
+
+@dataclass(frozen=True)
+class PreparedDataset:
+    summary: DatasetSummary
+    sha256: str  # of the decompressed JSONL
+    bytes: int  # of the decompressed JSONL
+
+
+def prepare(upload: Path, stored: Path) -> PreparedDataset:
+    """Check ``upload`` (plain, gzip or zstd JSONL) and write it zstd-compressed to ``stored``.
+
+    Raises ``DatasetError`` for bad lines or compressed data that does not decompress."""
+    checker = JsonlChecker()
+    digest = hashlib.sha256()
+    size = 0
+    try:
+        with (
+            open_jsonl(upload) as lines,
+            open(stored, "wb") as out,
+            zstd_writer(out) as packed,
+        ):
+            for number, raw in enumerate(lines, start=1):
+                checker.line(number, raw)
+                digest.update(raw)
+                size += len(raw)
+                packed.write(raw)
+    except CorruptDataset as exc:
+        raise DatasetError(str(exc)) from exc
+    return PreparedDataset(checker.summary(), digest.hexdigest(), size)
 
 
 async def store_dataset(
@@ -25,9 +63,11 @@ async def store_dataset(
     file that is no dataset, and an ``HTTPException`` for one over the size limit."""
     limit = gw.settings.max_upload_bytes
     with tempfile.TemporaryDirectory(prefix="swarm-upload-") as tmp:
-        path = Path(tmp) / "data.jsonl"
-        size, sha = await save_upload(upload, path, limit)
-        summary = await asyncio.to_thread(validate_jsonl, path)
+        path = Path(tmp) / "upload"
+        stored = Path(tmp) / "data.jsonl.zst"
+        await save_upload(upload, path, limit)
+        prepared = await asyncio.to_thread(prepare, path, stored)
+        summary, sha = prepared.summary, prepared.sha256
 
         dataset_id = dataset_id_for(sha)
         kv_key = f"{tenant}.{dataset_id}"
@@ -38,7 +78,7 @@ async def store_dataset(
         store_key = dataset_key(tenant, sha)
         # Content-addressed: identical bytes already stored need not travel again.
         if not await asyncio.to_thread(gw.store.exists, store_key):
-            await asyncio.to_thread(gw.store.put_file, store_key, path)
+            await asyncio.to_thread(gw.store.put_file, store_key, stored)
 
     info = DatasetInfo(
         id=dataset_id,
@@ -48,7 +88,7 @@ async def store_dataset(
         store_key=store_key,
         format=summary.format,
         examples=summary.examples,
-        bytes=size,
+        bytes=prepared.bytes,
     )
     try:
         await gw.datasets.create(kv_key, info)

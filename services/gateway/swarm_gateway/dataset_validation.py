@@ -2,7 +2,8 @@
 
 One JSON object per line, all in one format: text ``{"text"}``, prompt/completion
 ``{"prompt", "completion"}`` or chat ``{"messages": [{"role", "content"}, ...]}``. Errors name
-the (1-based) line so that a user can fix the file.
+the (1-based) line so that a user can fix the file; a check goes on past a bad line and reports
+the first ``MAX_REPORTED`` of them.
 """
 
 from __future__ import annotations
@@ -13,15 +14,23 @@ from pathlib import Path
 from typing import Any
 
 from swarm_contracts.datasets import DatasetFormat
+from swarm_runtime.dataset_codec import CorruptDataset, open_jsonl
 
 MIN_EXAMPLES = 2
+# Enough for a user to see the pattern of what is wrong, few enough to read in one answer.
+MAX_REPORTED = 20
 CHAT_ROLES = ("system", "user", "assistant", "tool")
 
 
 class DatasetError(ValueError):
-    def __init__(self, message: str, line: int | None = None) -> None:
-        super().__init__(f"line {line}: {message}" if line else message)
+    """``line``: the first bad line; ``problems``: each bad line's own error, when several."""
+
+    def __init__(
+        self, message: str, line: int | None = None, problems: list[DatasetError] | None = None
+    ) -> None:
+        super().__init__(f"line {line}: {message}" if line and not problems else message)
         self.line = line
+        self.problems = problems or []
 
 
 @dataclass(frozen=True)
@@ -66,33 +75,74 @@ def classify(obj: dict[str, Any], line: int) -> DatasetFormat:
     )
 
 
+class JsonlChecker:
+    """Checks a dataset one line at a time, so that a file of any size is checked in constant
+    memory; it keeps going after a bad line to report the first ``MAX_REPORTED`` of them."""
+
+    def __init__(self, min_examples: int = MIN_EXAMPLES) -> None:
+        self.min_examples = min_examples
+        self.format: DatasetFormat | None = None
+        self.examples = 0
+        self.bad_lines = 0
+        self.problems: list[DatasetError] = []
+
+    def line(self, number: int, raw: bytes) -> None:
+        try:
+            self._check(number, raw)
+        except DatasetError as exc:
+            self.bad_lines += 1
+            if len(self.problems) < MAX_REPORTED:
+                self.problems.append(exc)
+
+    def _check(self, number: int, raw: bytes) -> None:
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise DatasetError(
+                f"not valid UTF-8 ({exc.reason} at byte {exc.start})", number
+            ) from exc
+        if not text.strip():
+            return  # blank lines (e.g. a trailing newline) carry no example
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise DatasetError(f"not valid JSON: {exc.msg}", number) from exc
+        if not isinstance(obj, dict):
+            raise DatasetError("each line must be a JSON object", number)
+        line_format = classify(obj, number)
+        if self.format is None:
+            self.format = line_format
+        elif line_format != self.format:
+            raise DatasetError(
+                f"format {line_format} differs from earlier lines ({self.format})", number
+            )
+        self.examples += 1
+
+    def summary(self) -> DatasetSummary:
+        """The dataset's summary, or a ``DatasetError`` listing the first bad lines."""
+        if self.problems:
+            first = self.problems[0]
+            if self.bad_lines == 1:
+                raise first
+            shown = "; ".join(str(p) for p in self.problems)
+            more = f" (first {len(self.problems)} shown)" if self.bad_lines > MAX_REPORTED else ""
+            raise DatasetError(
+                f"{self.bad_lines} bad lines{more}: {shown}", first.line, self.problems
+            )
+        if self.format is None or self.examples < self.min_examples:
+            raise DatasetError(
+                f"a dataset needs at least {self.min_examples} examples, found {self.examples}"
+            )
+        return DatasetSummary(format=self.format, examples=self.examples)
+
+
 def validate_jsonl(path: Path, min_examples: int = MIN_EXAMPLES) -> DatasetSummary:
-    fmt: DatasetFormat | None = None
-    examples = 0
-    with open(path, "rb") as f:
-        for number, raw in enumerate(f, start=1):
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                raise DatasetError(
-                    f"not valid UTF-8 ({exc.reason} at byte {exc.start})", number
-                ) from exc
-            if not text.strip():
-                continue  # blank lines (e.g. a trailing newline) carry no example
-            try:
-                obj = json.loads(text)
-            except json.JSONDecodeError as exc:
-                raise DatasetError(f"not valid JSON: {exc.msg}", number) from exc
-            if not isinstance(obj, dict):
-                raise DatasetError("each line must be a JSON object", number)
-            line_format = classify(obj, number)
-            if fmt is None:
-                fmt = line_format
-            elif line_format != fmt:
-                raise DatasetError(
-                    f"format {line_format} differs from earlier lines ({fmt})", number
-                )
-            examples += 1
-    if fmt is None or examples < min_examples:
-        raise DatasetError(f"a dataset needs at least {min_examples} examples, found {examples}")
-    return DatasetSummary(format=fmt, examples=examples)
+    """Check a plain, gzip or zstd JSONL file (see ``swarm_runtime.dataset_codec``)."""
+    checker = JsonlChecker(min_examples)
+    try:
+        with open_jsonl(path) as f:
+            for number, raw in enumerate(f, start=1):
+                checker.line(number, raw)
+    except CorruptDataset as exc:
+        raise DatasetError(str(exc)) from exc
+    return checker.summary()

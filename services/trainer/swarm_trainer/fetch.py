@@ -2,8 +2,8 @@
 
 Both are content-addressed by what the registry and the gateway recorded: a base model by its
 tree digest (``ModelRef.digest``: sha256 over the sorted ``name:sha256`` lines of its files),
-a dataset by the sha256 of its one file. An entry counts as that content only if its files
-hash to it, checked on every use (see ``cache``).
+a dataset by the sha256 of its one (decompressed) JSONL file. An entry counts as that content
+only if its files hash to it, checked on every use (see ``cache``).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from pathlib import Path
 
 from swarm_contracts.datasets import DatasetInfo
 from swarm_contracts.jobs import ModelRef
+from swarm_runtime.dataset_codec import fetch_jsonl
 from swarm_runtime.store import ObjectStore, sha256_file, tree_digest
 from swarm_trainer.cache import Entry, TransferCache
 
@@ -61,7 +62,8 @@ def dataset(cache: TransferCache, store: ObjectStore, info: DatasetInfo) -> Iter
     ends."""
 
     def fill(directory: Path) -> None:
-        store.get_file(info.store_key, directory / DATASET_FILE)
+        # The cache holds plain JSONL (what ``info.sha256`` is of) however the store keeps it.
+        fetch_jsonl(store, info.store_key, directory / DATASET_FILE)
 
     with cache.use("datasets", info.sha256, fill, is_dataset(info.sha256)) as entry:
         yield entry

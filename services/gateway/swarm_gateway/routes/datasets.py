@@ -39,6 +39,7 @@ from swarm_gateway.errors import field_error
 from swarm_gateway.responses import FiniteJSONResponse
 from swarm_gateway.state import Gateway, get_gateway
 from swarm_gateway.uploads import check_content_length
+from swarm_runtime.dataset_codec import fetch_jsonl
 
 router = APIRouter(prefix="/v1/datasets", tags=["datasets"])
 GW = Annotated[Gateway, Depends(get_gateway)]
@@ -165,7 +166,7 @@ async def dataset_stats(
         tokenizer = await _tokenizer_for(gw, version)
     with tempfile.TemporaryDirectory(prefix="swarm-stats-") as tmp:
         path = Path(tmp) / "data.jsonl"
-        await asyncio.to_thread(gw.store.get_file, info.store_key, path)
+        await asyncio.to_thread(fetch_jsonl, gw.store, info.store_key, path)
         chars, tokens = await asyncio.to_thread(token_lengths, path, tokenizer)
     stats = DatasetStats(
         dataset=info.id,

@@ -37,6 +37,7 @@ from swarm_gateway.fine_tune_records import (
 from swarm_gateway.openai_errors import OpenAIError
 from swarm_gateway.state import Gateway, get_gateway
 from swarm_gateway.uploads import check_content_length
+from swarm_runtime.dataset_codec import fetch_jsonl
 
 router = APIRouter(prefix="/v1/files", tags=["openai"])
 GW = Annotated[Gateway, Depends(get_gateway)]
@@ -219,7 +220,7 @@ async def file_content(file_id: str, gw: GW, tenant: Tenant) -> Response:
         return Response(results[1], media_type="text/csv")
     tmp = Path(tempfile.mkdtemp(prefix="swarm-file-"))
     path = tmp / "data.jsonl"
-    await asyncio.to_thread(gw.store.get_file, info.store_key, path)
+    await asyncio.to_thread(fetch_jsonl, gw.store, info.store_key, path)
     return FileResponse(
         path,
         media_type="application/octet-stream",
