@@ -83,7 +83,7 @@ class JsonValid(_Grader):
     def _schema_compiles(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
         if v is None:
             return v
-        import jsonschema  # type: ignore[import-untyped]  # only a spec with a schema imports it
+        import jsonschema  # only a spec with a schema imports it
 
         try:
             jsonschema.validators.validator_for(v).check_schema(v)

@@ -12,7 +12,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import jsonschema  # type: ignore[import-untyped]
+import jsonschema
 
 from swarm_contracts.evals import Choice, Contains, ExactMatch, Grader, JsonValid, Regex
 
