@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from rich.console import Console
 from rich.progress import (
@@ -16,6 +16,7 @@ from rich.progress import (
 )
 
 from swarm.client import Client
+from swarm.sse import JobStreamEvent
 from swarm_contracts.evals import EvalResult
 from swarm_contracts.jobs import JobRecord
 
@@ -57,6 +58,36 @@ def task_metrics(metrics: dict[str, float], values: dict[str, float] | None = No
     return "  ".join(f"{m} {values[m]:.2f}" for m in metrics if m in values)
 
 
+def event_time(ev: JobStreamEvent) -> datetime | None:
+    """When the event happened (its CloudEvent ``time``), if it says."""
+    raw = ev.data.get("time")
+    try:
+        return datetime.fromisoformat(raw) if isinstance(raw, str) else None
+    except ValueError:
+        return None
+
+
+class FirstStep:
+    """Time to first step, what a user waits for (placement, model fetch, Ray's start): from
+    the job's ``queued`` event to its first ``progress``, said once."""
+
+    def __init__(self) -> None:
+        self.queued_at: datetime | None = None
+        self.said = False
+
+    def line(self, ev: JobStreamEvent) -> str | None:
+        if ev.event == "queued" and self.queued_at is None:
+            self.queued_at = event_time(ev)
+        if ev.event != "progress" or self.said:
+            return None
+        self.said = True
+        stepped_at = event_time(ev)
+        if self.queued_at is None or stepped_at is None:
+            return None
+        waited = (stepped_at - self.queued_at).total_seconds()
+        return f"  first step {waited:.1f} s after it was queued"
+
+
 def follow(client: Client, job_id: str, console: Console) -> FollowResult:
     """Show the job's progress until it ends; return its final record and last eval loss."""
     eval_loss: float | None = None
@@ -77,8 +108,11 @@ def follow(client: Client, job_id: str, console: Console) -> FollowResult:
     )
     with progress:
         task = progress.add_task(job_id, total=None, loss="-", tps="-", eval="-", eta="-", task="")
+        first_step = FirstStep()
         for ev in client.events(job_id):
             p = ev.payload
+            if (line := first_step.line(ev)) is not None:
+                progress.console.print(line)
             if ev.event == "progress":
                 progress.update(
                     task,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import nats
@@ -10,7 +11,7 @@ from typer.testing import CliRunner
 
 from swarm.cli import app
 from swarm.client import Client
-from swarm_contracts.events import Failed, Progress, Succeeded, Validated
+from swarm_contracts.events import Failed, Progress, Queued, Succeeded, Validated
 from swarm_contracts.jobs import AdapterRef, JobRecord, JobSpec, JobState
 from swarm_contracts.subjects import Subjects
 from swarm_runtime.broker import make_broker, publish_job_event
@@ -52,7 +53,8 @@ async def seed(settings: Settings, url: str, tmp_path: Path) -> None:
             BAD,
             JobRecord(job_id=BAD, tenant="default", spec=spec, state=JobState.failed, reason="oom"),
         )
-        events: list = [
+        events: list = [Queued(job_id=GOOD, tenant="default", spec=spec)]
+        events += [
             Progress(
                 job_id=GOOD,
                 step=s,
@@ -88,6 +90,8 @@ async def test_follow_events_and_plot(
     assert "eta 0:00:10" in out
     assert "500 tok/s" in out
     assert "bot v2" in out
+    # How long the user waited for training to start: from `queued` to the first `progress`.
+    assert re.search(r"first step \d+\.\d s after it was queued", out), out
     code, out = cli(gateway.url, "jobs", "follow", BAD)
     assert code == 1
     assert "oom" in out
@@ -96,12 +100,13 @@ async def test_follow_events_and_plot(
     assert code == 0, out
     lines = [json.loads(line) for line in out.splitlines()]
     assert [e["type"] for e in lines] == [
+        "swarm.job.queued",
         "swarm.job.progress",
         "swarm.job.progress",
         "swarm.job.validated",
         "swarm.job.succeeded",
     ]
-    code, out = cli(gateway.url, "jobs", "events", GOOD, "--after", lines[1]["seq"])
+    code, out = cli(gateway.url, "jobs", "events", GOOD, "--after", lines[2]["seq"])
     assert code == 0
     assert out.split()[1] == "validated"
     assert "eval_loss=0.9" in out
