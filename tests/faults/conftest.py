@@ -21,7 +21,6 @@ from pathlib import Path
 import httpx
 import pytest
 
-from swarm.demo_data import write_demo_datasets
 from swarm_contracts.jobs import JobRecord, JobState
 from swarm_trainer.tiny_model import create_tiny_model
 
@@ -38,6 +37,15 @@ FAST = {
     "SWARM_LOG_LEVEL": "INFO",
     "PYTHONUNBUFFERED": "1",
 }
+
+
+def short_examples(n: int) -> bytes:
+    """Sums, each a few tokens: every one keeps its answer within the fault jobs' seq_len 32
+    (the demo's chats would not)."""
+    rows = (
+        json.dumps({"prompt": f"{i} + {i % 7} =", "completion": f" {i + i % 7}"}) for i in range(n)
+    )
+    return "".join(row + "\n" for row in rows).encode()
 
 
 class Procs:
@@ -124,9 +132,8 @@ class Procs:
                 break
             time.sleep(0.2)
         assert r.status_code < 300, r.text
-        train, _ = write_demo_datasets(self.root / "data", n_train=64, n_val=8)
         r = self.http.post(
-            "/v1/datasets", data={"name": "d"}, files={"file": ("d.jsonl", train.read_bytes())}
+            "/v1/datasets", data={"name": "d"}, files={"file": ("d.jsonl", short_examples(64))}
         )
         assert r.status_code < 300, r.text
         return r.json()["id"]
