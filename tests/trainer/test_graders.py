@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from swarm_contracts.evals import Choice, Contains, EvalSpec, ExactMatch, JsonValid, Regex
+from swarm_contracts.evals import ChoiceGrader, Contains, EvalSpec, ExactMatch, JsonValid, Regex
 from swarm_trainer.graders import grade
 from swarm_trainer.reports import Evaluation
 from swarm_trainer.task_eval import EvalRow, eval_row, score
@@ -27,10 +27,10 @@ from swarm_trainer.train_state import TrainState
         (JsonValid(), "{a: 1}", "", False),
         (JsonValid(schema={"type": "object", "required": ["a"]}), '{"a": 1}', "", True),
         (JsonValid(schema={"type": "object", "required": ["a"]}), '{"b": 1}', "", False),
-        (Choice(options=["yes", "no"]), "Yes.", "yes", True),
-        (Choice(options=["yes", "no"]), "no", "yes", False),
-        (Choice(options=["yes", "no"]), "yesterday", "yes", False),
-        (Choice(options=["no", "not sure"]), "not sure, really", "not sure", True),
+        (ChoiceGrader(options=["yes", "no"]), "Yes.", "yes", True),
+        (ChoiceGrader(options=["yes", "no"]), "no", "yes", False),
+        (ChoiceGrader(options=["yes", "no"]), "yesterday", "yes", False),
+        (ChoiceGrader(options=["no", "not sure"]), "not sure, really", "not sure", True),
     ],
 )
 def test_each_grader_scores_a_row(grader, got: str, expected: str, ok: bool) -> None:
@@ -40,7 +40,7 @@ def test_each_grader_scores_a_row(grader, got: str, expected: str, ok: bool) -> 
 
 
 def test_a_grader_that_raises_scores_the_row_zero_and_says_why() -> None:
-    graders = [Choice(options=["yes", "no"]), ExactMatch()]
+    graders = [ChoiceGrader(options=["yes", "no"]), ExactMatch()]
     graded = grade(graders, "maybe", "maybe")
     # The expected answer is none of the options: choice cannot grade it; exact match can.
     assert graded.scores == {"choice": 0.0, "exact_match": 1.0}

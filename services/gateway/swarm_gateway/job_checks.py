@@ -38,7 +38,27 @@ async def check_datasets(
             )
         found[path[0]] = entry[0]
     if evals is not None:
+        check_eval_schemas(evals, loc)
         check_eval_set(spec, evals, found, loc)
+
+
+def check_eval_schemas(evals: EvalSpec, loc: tuple[str, ...]) -> None:
+    """Refuse a ``json_valid`` grader whose JSON Schema does not compile."""
+    import jsonschema
+
+    for i, grader in enumerate(evals.graders):
+        schema = getattr(grader, "json_schema", None)
+        if schema is None:
+            continue
+        try:
+            jsonschema.validators.validator_for(schema).check_schema(schema)
+        except jsonschema.SchemaError as exc:
+            raise field_error(
+                422,
+                [*loc, "evals", "graders", i, "schema"],
+                f"schema is not a valid JSON Schema: {exc.message}",
+                "invalid",
+            ) from exc
 
 
 def check_eval_set(

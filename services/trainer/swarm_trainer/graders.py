@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import jsonschema
 
-from swarm_contracts.evals import Choice, Contains, ExactMatch, Grader, JsonValid, Regex
+from swarm_contracts.evals import ChoiceGrader, Contains, ExactMatch, Grader, JsonValid, Regex
 
 
 def _norm(text: str, case_sensitive: bool) -> str:
@@ -45,7 +45,7 @@ def json_valid(spec: JsonValid, got: str, expected: str) -> bool:
     return bool(validator.is_valid(value))
 
 
-def choice(spec: Choice, got: str, expected: str) -> bool:
+def choice(spec: ChoiceGrader, got: str, expected: str) -> bool:
     options = {_norm(o, spec.case_sensitive): o for o in spec.options}
     want = _norm(expected, spec.case_sensitive)
     if want not in options:
@@ -64,7 +64,7 @@ _GRADE: dict[type, Callable[..., bool]] = {
     Contains: contains,
     Regex: regex,
     JsonValid: json_valid,
-    Choice: choice,
+    ChoiceGrader: choice,
 }
 
 
