@@ -94,7 +94,9 @@ class ChoiceGrader(_Grader):
     case_sensitive: bool = False
 
 
-Grader = Annotated[ExactMatch | Contains | Regex | JsonValid | ChoiceGrader, Field(discriminator="type")]
+Grader = Annotated[
+    ExactMatch | Contains | Regex | JsonValid | ChoiceGrader, Field(discriminator="type")
+]
 
 
 class EvalSpec(_Strict):
