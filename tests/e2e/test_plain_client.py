@@ -31,7 +31,7 @@ async def test_a_plain_nats_client_submits_a_job_and_follows_it(stack: Stack) ->
                 "name": "plain-adapter",
                 "base_model": "tiny-llama",
                 "dataset": stack.train.id,
-                "training": {"max_steps": 4, "batch_size": 2, "seq_len": 32, "eval_every": 4},
+                "training": {"max_steps": 4, "batch_size": 2, "seq_len": 96, "eval_every": 4},
             },
         },
     }
