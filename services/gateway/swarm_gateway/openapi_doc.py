@@ -171,14 +171,35 @@ def add_security(document: dict[str, Any]) -> dict[str, Any]:
     return document
 
 
+# OpenAI's routes answer a request they refuse with 400 (OpenAI's convention), for what the
+# schema cannot say: the model must be one the caller may use, a file must be theirs and
+# valid training data, hyperparameters must fit the data, and a method must be one Swarm has.
+OPENAI_RULES: dict[tuple[str, str], str] = {
+    ("/v1/fine_tuning/jobs", "post"): (
+        "`model` must be a base model or one of the caller's adapters, `training_file` and "
+        "`validation_file` the caller's valid files, `suffix` a valid adapter name, "
+        "hyperparameters within what the data allows, `method.type` supervised"
+    ),
+    ("/v1/files", "post"): "the file must be valid JSON Lines training data, purpose fine-tune",
+    ("/v1/chat/completions", "post"): (
+        "`model` must be one the caller may use; `response_format` one that is honoured"
+    ),
+    ("/v1/completions", "post"): (
+        "`model` must be one the caller may use; `response_format` one that is honoured"
+    ),
+}
+
+
 def add_business_rules(document: dict[str, Any]) -> dict[str, Any]:
-    """``document`` with each rule above on its operation's 422."""
-    for (path, method), rule in BUSINESS_RULES.items():
-        response = document["paths"].get(path, {}).get(method, {}).get("responses", {}).get("422")
-        if response is None:
-            continue
-        response["description"] = f"{_WHY[422]}; or a business rule: {rule}"
-        response["x-business-rules"] = [rule]
+    """``document`` with each rule above on its operation's 422 (OpenAI's routes: 400)."""
+    for rules, status in ((BUSINESS_RULES, 422), (OPENAI_RULES, 400)):
+        for (path, method), rule in rules.items():
+            operation = document["paths"].get(path, {}).get(method, {})
+            response = operation.get("responses", {}).get(str(status))
+            if response is None:
+                continue
+            response["description"] = f"{_WHY.get(status, 'refused')}; or a business rule: {rule}"
+            response["x-business-rules"] = [rule]
     return document
 
 
