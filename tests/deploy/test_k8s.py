@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import importlib.util
 import json
 import re
 from collections.abc import Iterator
@@ -366,13 +367,16 @@ def conf_value(conf: str, key: str) -> str:
 
 
 def authorization_block(conf: str) -> str:
-    start = conf.index("authorization {")
-    depth = 0
-    for i in range(start, len(conf)):
-        depth += {"{": 1, "}": -1}.get(conf[i], 0)
-        if depth == 0 and conf[i] == "}":
-            return conf[start : i + 1]
-    raise AssertionError("unbalanced authorization block")
+    """The block tools/k8s_nats_auth.py copies: the same function, so the test and the tool
+    agree on what "the users" are."""
+    path = ROOT / "tools" / "k8s_nats_auth.py"
+    spec = importlib.util.spec_from_file_location("k8s_nats_auth", path)
+    assert spec is not None
+    assert spec.loader is not None
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    block: str = tool.authorization_block(conf)
+    return block
 
 
 def test_nats_statefulset_is_a_three_node_jetstream_cluster(objects: list[dict[str, Any]]) -> None:

@@ -58,6 +58,11 @@ def build_tokenizer(vocab_size: int = VOCAB_SIZE) -> PreTrainedTokenizerFast:
         show_progress=False,
     )
     tok.train_from_iterator(CORPUS * 4, trainer=trainer)
+    return _fast(tok)
+
+
+def _fast(tok: Tokenizer) -> PreTrainedTokenizerFast:
+    """``tok`` as transformers loads it, with the special tokens and chat template."""
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         pad_token="<pad>",
@@ -113,15 +118,7 @@ def build_char_tokenizer() -> PreTrainedTokenizerFast:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens(SPECIAL_TOKENS)
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        pad_token="<pad>",
-        bos_token="<s>",
-        eos_token="</s>",
-        unk_token="<unk>",
-    )
-    fast.chat_template = CHAT_TEMPLATE
-    return fast
+    return _fast(tok)
 
 
 PRETRAIN_STEPS = 1200
