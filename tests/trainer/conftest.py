@@ -40,7 +40,11 @@ def ray_cluster() -> Iterator[None]:
     # Ray start-up costs seconds: one cluster for the whole session.
     os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
     if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        # 4 logical CPUs on 2 cores: an agent test lets go of a cancelled or superseded run
+        # at once while Ray tears it down in the background, and a 2-worker test right after
+        # must not wait 60 s for those CPUs (Ray Train's worker-group start timeout). Its own
+        # Ray ("local"): never one another test or stack left on the host.
+        ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
 
