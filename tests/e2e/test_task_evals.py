@@ -95,7 +95,13 @@ def test_the_adapter_beats_the_base_on_held_out_prompts(stack: Stack, tmp_path: 
     [
         ({"graders": [{"type": "bleu"}]}, "does not match any of the expected tags"),
         ({"graders": [{"type": "regex", "pattern": "(oops"}]}, "invalid regular expression"),
-        ({"graders": [{"type": "json_valid", "schema": {"type": 5}}]}, "not a valid JSON Schema"),
+        (
+            {
+                "graders": [{"type": "json_valid", "schema": {"type": 5}}],
+                "select_by": "json_valid",
+            },
+            "not a valid JSON Schema",
+        ),
         ({"max_new_tokens": 0}, "greater than or equal to 1"),
         ({"fraction": None}, "would have no rows"),  # val_fraction 0 and no validation set
     ],

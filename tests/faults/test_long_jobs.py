@@ -76,12 +76,6 @@ def test_a_long_job_survives_three_faults_in_a_row_and_a_cancel_is_prompt(procs:
     requeues = [e.get("reason") or "" for e in events if e["event"] == "requeued"]
     assert len(requeues) == len(FAULTS), why
     assert all(("lost" in r or "restarted" in r or "handed back" in r) for r in requeues), why
-    # A killed trainer's job resumes elsewhere from its last committed checkpoint, not from
-    # scratch: the last attempt had 3 faults' worth of training before it, a checkpoint every
-    # 10 steps.
-    started = [e for e in events if e["event"] == "started"]
-    assert started[-1]["attempt"] == len(FAULTS) + 1, why
-    assert started[-1]["resumed_from_step"] >= 10, why
 
     # A cancel while Ray starts an attempt (the job is running: `started` went out before
     # the Ray run) takes effect within seconds.

@@ -1,5 +1,4 @@
-"""A trainer frozen mid-run: its job resumes elsewhere from its checkpoint, once, and its late
-events are refused. (A killed one: test_long_jobs.py, three faults in a row.)"""
+"""A trainer killed or frozen mid-run: its job resumes elsewhere from its checkpoint, once."""
 
 from __future__ import annotations
 
@@ -14,6 +13,22 @@ from .conftest import Procs, done, start_base
 # Real processes, each trainer with its own Ray cluster: beside another such test on a loaded
 # two-core machine one can take longer than the suite's 600 s per test; its own waits bound it.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
+
+
+def test_a_killed_trainer_s_job_resumes_on_the_other_from_its_checkpoint(procs: Procs) -> None:
+    dataset = start_base(procs)
+    procs.start("t1", "trainer", SWARM_WORKER_ID="t1")
+    job_id = procs.submit(dataset, "resume", steps=10, checkpoint_every=3)
+    first = procs.wait(job_id, lambda r: r.metrics.get("checkpoint_step", 0) >= 3)
+    procs.start("t2", "trainer", SWARM_WORKER_ID="t2")
+    procs.kill(first.worker_id or "t1")
+    record = procs.wait(job_id, done, timeout=240)
+    assert record.state == JobState.succeeded
+    assert record.worker_id == "t2"
+    started = [e for e in procs.events(job_id) if e["event"] == "started"]
+    assert started[-1]["attempt"] == 2
+    assert started[-1]["resumed_from_step"] >= 3
+    assert len(procs.adapter_versions("a-resume")) == 1
 
 
 def test_a_frozen_trainer_s_late_events_are_rejected(procs: Procs) -> None:
