@@ -90,9 +90,20 @@ class AsyncClient:
 
     # --- jobs ------------------------------------------------------------------------
     async def submit(
-        self, spec: dict[str, Any] | JobSpec, idempotency_key: str | None = None
+        self,
+        spec: dict[str, Any] | JobSpec,
+        idempotency_key: str | None = None,
+        *,
+        from_checkpoint: str | None = None,
+        from_checkpoint_optimizer: bool = False,
     ) -> JobRecord:
-        return await self._do(api.submit(spec, idempotency_key))
+        """Submit a job. ``from_checkpoint`` (``JOB_ID@STEP``): start from that committed
+        checkpoint of another of the tenant's jobs (a fork; its adapter weights, and with
+        ``from_checkpoint_optimizer`` its optimizer state, schedule, step and data position
+        too, so the new job continues that run). ``idempotency_key``: the same key, the
+        same job."""
+        call = api.submit(spec, idempotency_key, from_checkpoint, from_checkpoint_optimizer)
+        return await self._do(call)
 
     async def estimate(self, spec: dict[str, Any] | JobSpec) -> MemoryEstimate:
         """The GPU memory a job would need per GPU (nothing is submitted)."""
@@ -114,6 +125,18 @@ class AsyncClient:
 
     async def cancel(self, job_id: str, reason: str | None = None) -> JobRecord:
         return await self._do(api.cancel(job_id, reason))
+
+    async def pause_job(self, job_id: str, reason: str | None = None) -> JobRecord:
+        """Pause a running job: its worker commits a checkpoint and hands it back, and the
+        job stays ``paused`` (no worker, no capacity held) until ``resume_job``. The record
+        answered is the one before (``paused`` comes within seconds; ``wait_state``). A job
+        that is not running raises ``ValidationError`` (HTTP 409)."""
+        return await self._do(api.pause(job_id, reason))
+
+    async def resume_job(self, job_id: str, reason: str | None = None) -> JobRecord:
+        """Queue a paused job again, from the checkpoint it was paused at; a job that is
+        not paused raises ``ValidationError`` (HTTP 409)."""
+        return await self._do(api.resume(job_id, reason))
 
     async def verify_job(self, job_id: str) -> JobRecord:
         return await self._do(api.verify(job_id))
@@ -153,6 +176,18 @@ class AsyncClient:
                         f"lost the event stream {resume.path}: {exc}"
                     ) from exc
                 await asyncio.sleep(delay)
+
+    async def wait_state(
+        self, job_id: str, *states: str, timeout: float | None = None, poll_s: float = 0.5
+    ) -> JobRecord:
+        """Until the job is in one of ``states`` or has ended; TimeoutError after
+        ``timeout`` seconds."""
+        async with asyncio.timeout(timeout):
+            while True:
+                record = await self.get_job(job_id)
+                if record.state in states or record.state.terminal:
+                    return record
+                await asyncio.sleep(poll_s)
 
     async def wait(
         self, job_id: str, timeout: float | None = None, poll_s: float = 1.0

@@ -79,8 +79,19 @@ def label(value: str, what: str) -> str:
 # --- jobs ---------------------------------------------------------------------------------
 
 
-def submit(spec: dict[str, Any] | JobSpec, idempotency_key: str | None) -> Call[JobRecord]:
-    body = spec.model_dump(mode="json") if isinstance(spec, JobSpec) else spec
+def submit(
+    spec: dict[str, Any] | JobSpec,
+    idempotency_key: str | None,
+    from_checkpoint: str | None = None,
+    from_checkpoint_optimizer: bool = False,
+) -> Call[JobRecord]:
+    """``from_checkpoint`` (``JOB_ID@STEP``), when given, is set on the spec: the job starts
+    from that committed checkpoint of another job (with its optimizer state and the rest of
+    the run's training state too, given ``from_checkpoint_optimizer``)."""
+    body = spec.model_dump(mode="json") if isinstance(spec, JobSpec) else dict(spec)
+    if from_checkpoint is not None:
+        body["from_checkpoint"] = from_checkpoint
+        body["from_checkpoint_optimizer"] = from_checkpoint_optimizer
     headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
     return Call("POST", "/v1/jobs", _one(JobRecord), json=body, headers=headers)
 
@@ -113,6 +124,15 @@ def list_jobs(
 
 def cancel(job_id: str, reason: str | None) -> Call[JobRecord]:
     return Call("POST", f"/v1/jobs/{job_id}/cancel", _one(JobRecord), params=_params(reason=reason))
+
+
+def pause(job_id: str, reason: str | None) -> Call[JobRecord]:
+    return Call("POST", f"/v1/jobs/{job_id}/pause", _one(JobRecord), params=_params(reason=reason))
+
+
+def resume(job_id: str, reason: str | None) -> Call[JobRecord]:
+    path = f"/v1/jobs/{job_id}/resume"
+    return Call("POST", path, _one(JobRecord), params=_params(reason=reason))
 
 
 def verify(job_id: str) -> Call[JobRecord]:

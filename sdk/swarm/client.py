@@ -127,9 +127,20 @@ class Client:
 
     # --- jobs ------------------------------------------------------------------------
     def submit(
-        self, spec: dict[str, Any] | JobSpec, idempotency_key: str | None = None
+        self,
+        spec: dict[str, Any] | JobSpec,
+        idempotency_key: str | None = None,
+        *,
+        from_checkpoint: str | None = None,
+        from_checkpoint_optimizer: bool = False,
     ) -> JobRecord:
-        return self._do(api.submit(spec, idempotency_key))
+        """Submit a job. ``from_checkpoint`` (``JOB_ID@STEP``): start from that committed
+        checkpoint of another of the tenant's jobs (a fork; its adapter weights, and with
+        ``from_checkpoint_optimizer`` its optimizer state, schedule, step and data position
+        too, so the new job continues that run). ``idempotency_key``: the same key, the
+        same job."""
+        call = api.submit(spec, idempotency_key, from_checkpoint, from_checkpoint_optimizer)
+        return self._do(call)
 
     def estimate(self, spec: dict[str, Any] | JobSpec) -> MemoryEstimate:
         """The GPU memory a job would need per GPU (nothing is submitted)."""
@@ -153,6 +164,18 @@ class Client:
 
     def cancel(self, job_id: str, reason: str | None = None) -> JobRecord:
         return self._do(api.cancel(job_id, reason))
+
+    def pause_job(self, job_id: str, reason: str | None = None) -> JobRecord:
+        """Pause a running job: its worker commits a checkpoint and hands it back, and the
+        job stays ``paused`` (no worker, no capacity held) until ``resume_job``. The record
+        answered is the one before (``paused`` comes within seconds; ``wait_state``). A job
+        that is not running raises ``ValidationError`` (HTTP 409)."""
+        return self._do(api.pause(job_id, reason))
+
+    def resume_job(self, job_id: str, reason: str | None = None) -> JobRecord:
+        """Queue a paused job again, from the checkpoint it was paused at; a job that is
+        not paused raises ``ValidationError`` (HTTP 409)."""
+        return self._do(api.resume(job_id, reason))
 
     def verify_job(self, job_id: str) -> JobRecord:
         """Replay part of the succeeded job on another worker and compare; the outcome comes
@@ -196,6 +219,20 @@ class Client:
                         f"lost the event stream {resume.path}: {exc}"
                     ) from exc
                 time.sleep(delay)
+
+    def wait_state(
+        self, job_id: str, *states: str, timeout: float | None = None, poll_s: float = 0.5
+    ) -> JobRecord:
+        """Block until the job is in one of ``states`` (``"paused"`` after ``pause_job``, say)
+        or has ended; raise TimeoutError after ``timeout`` seconds."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            record = self.get_job(job_id)
+            if record.state in states or record.state.terminal:
+                return record
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"job {job_id} still {record.state} after {timeout}s")
+            time.sleep(poll_s)
 
     def wait(self, job_id: str, timeout: float | None = None, poll_s: float = 1.0) -> JobRecord:
         """Block until the job is terminal; raise TimeoutError after ``timeout`` seconds."""

@@ -88,6 +88,25 @@ class FirstStep:
         return f"  first step {waited:.1f} s after it was queued"
 
 
+def moved(ev: JobStreamEvent, job_id: str) -> str | None:
+    """A line for an event that says where the job's run stands (a checkpoint, a requeue, a
+    pause or resume); None for another event."""
+    p = ev.payload
+    match ev.event:
+        case "checkpoint":
+            return f"  checkpoint at step {p.get('step')}"
+        case "requeued":
+            return f"  [yellow]requeued[/]: {p.get('reason')}"
+        case "paused":
+            # The stream goes on: a resume continues the job, and the run with it.
+            at = p.get("last_checkpoint_step")
+            where = f" at the checkpoint of step {at}" if at else ""
+            return f"  [yellow]paused[/]{where}: resume with `swarm jobs resume {job_id}`"
+        case "resumed":
+            return "  resumed"
+    return None
+
+
 def follow(client: Client, job_id: str, console: Console) -> FollowResult:
     """Show the job's progress until it ends; return its final record and last eval loss."""
     eval_loss: float | None = None
@@ -131,10 +150,10 @@ def follow(client: Client, job_id: str, console: Console) -> FollowResult:
                 progress.update(
                     task, eval=f"{eval_loss:.4f}", task=task_metrics(evals.get("metrics", {}))
                 )
-            elif ev.event == "checkpoint":
-                progress.console.print(f"  checkpoint at step {p.get('step')}")
-            elif ev.event == "requeued":
-                progress.console.print(f"  [yellow]requeued[/]: {p.get('reason')}")
+            elif (line := moved(ev, job_id)) is not None:
+                progress.console.print(line)
+                if ev.event in ("paused", "resumed"):
+                    progress.update(task, description=ev.event)
             elif ev.event in ("queued", "assigned", "started"):
                 where = p.get("worker_id")
                 progress.update(task, description=ev.event + (f" on {where}" if where else ""))

@@ -7,7 +7,14 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from swarm_contracts.jobs import JobRecord, JobSpec, JobState, JobSubmission, job_id_for
+from swarm_contracts.jobs import (
+    JobRecord,
+    JobSpec,
+    JobState,
+    JobSubmission,
+    job_id_for,
+    parse_checkpoint_ref,
+)
 
 DATASET = "ds-" + "ab" * 12
 
@@ -162,3 +169,31 @@ def test_job_states() -> None:
     }
     assert JobState("running") is JobState.running
     assert str(JobState.queued) == "queued"
+
+
+def test_a_paused_job_has_not_ended() -> None:
+    assert not JobState.paused.terminal
+
+
+def test_from_checkpoint_names_a_job_and_a_step() -> None:
+    source = job_id_for("t", "source")
+    forked = JobSpec.model_validate(spec(from_checkpoint=f"{source}@40"))
+    assert forked.from_checkpoint == f"{source}@40"
+    assert not forked.from_checkpoint_optimizer
+    assert parse_checkpoint_ref(f"{source}@40") == (source, 40)
+    for bad in ("job-abc@x", f"{source}", f"{source}@", "bot@3", f"{source}@-1"):
+        with pytest.raises(ValidationError, match="from_checkpoint"):
+            JobSpec.model_validate(spec(from_checkpoint=bad))
+    for bad in ("job-abc@x", source, f"{source}@", "bot@3"):
+        with pytest.raises(ValueError, match="JOB_ID@STEP"):
+            parse_checkpoint_ref(bad)
+
+
+def test_a_job_starts_from_an_adapter_or_from_a_checkpoint_not_both() -> None:
+    source = job_id_for("t", "source")
+    with pytest.raises(ValidationError, match="exclude each other"):
+        JobSpec.model_validate(spec(from_adapter="bot@1", from_checkpoint=f"{source}@4"))
+    with pytest.raises(ValidationError, match="needs from_checkpoint"):
+        JobSpec.model_validate(spec(from_checkpoint_optimizer=True))
+    both = spec(from_checkpoint=f"{source}@4", from_checkpoint_optimizer=True)
+    assert JobSpec.model_validate(both).from_checkpoint_optimizer

@@ -123,6 +123,8 @@ def test_event_names() -> None:
         "validated",
         "requeued",
         "released",
+        "paused",
+        "resumed",
         "succeeded",
         "failed",
         "cancelled",

@@ -103,6 +103,7 @@ def test_every_swarm_state_has_an_openai_status() -> None:
         JobState.queued: "queued",
         JobState.assigned: "running",  # placed; the worker is loading the model
         JobState.running: "running",
+        JobState.paused: "paused",
         JobState.succeeded: "succeeded",
         JobState.failed: "failed",
         JobState.cancelled: "cancelled",

@@ -164,14 +164,20 @@ class Harness:
                 await task
 
     async def cancel(self, job_id: str) -> None:
-        cancel = {
+        await self.control("cancel", job_id)
+
+    async def control(self, command: str, job_id: str) -> None:
+        """A command about one job (``cancel``, ``pause``, ``resume``) on the control stream,
+        as the gateway (or any NATS client) sends it."""
+        message = {
             "specversion": "1.0",
-            "id": f"cancel-{job_id}",
+            "id": f"{command}-{job_id}",
             "source": "test",
-            "type": "swarm.job.cancel",
+            "type": f"swarm.job.{command}",
             "data": {"job_id": job_id},
         }
-        await self.js.publish(self.subjects.cancel(job_id), json.dumps(cancel).encode())
+        subject = getattr(self.subjects, command)(job_id)
+        await self.js.publish(subject, json.dumps(message).encode())
 
     async def wait_record(self, job_id: str, pred: object, timeout: float = 15.0) -> JobRecord:
         return await wait_record(self.jobs, job_id, pred, timeout)

@@ -23,6 +23,8 @@ EventName = Literal[
     "validated",
     "requeued",
     "released",
+    "paused",
+    "resumed",
     "succeeded",
     "failed",
     "cancelled",
@@ -106,6 +108,25 @@ class Released(JobEvent):
     fault: bool = False
 
 
+class Paused(JobEvent):
+    """The job is paused (the scheduler's word): its worker checkpointed it and handed it back
+    on a pause request (``released`` comes just before), or it lost its worker while pausing.
+    It holds no worker, lease or capacity until it is resumed; ``last_checkpoint_step`` is
+    where a resume starts (None: the worker had committed none)."""
+
+    event: Literal["paused"] = "paused"
+    reason: str
+    last_checkpoint_step: int | None = None
+
+
+class Resumed(JobEvent):
+    """A paused job is queued again (the scheduler's word); its next attempt resumes from the
+    latest checkpoint an earlier attempt committed."""
+
+    event: Literal["resumed"] = "resumed"
+    reason: str = "resumed by request"
+
+
 class Succeeded(JobEvent):
     event: Literal["succeeded"] = "succeeded"
     adapter: AdapterRef
@@ -173,6 +194,8 @@ AnyJobEvent = (
     | Validated
     | Requeued
     | Released
+    | Paused
+    | Resumed
     | Succeeded
     | Failed
     | Cancelled
@@ -186,3 +209,18 @@ class CancelRequest(BaseModel):
 
     job_id: str
     reason: str = "cancelled by request"
+
+
+class PauseRequest(BaseModel):
+    """``data`` of a message on ``swarm.jobs.<job_id>.pause``: checkpoint the job, free its
+    worker and keep it ``paused``."""
+
+    job_id: str
+    reason: str = "paused by request"
+
+
+class ResumeRequest(BaseModel):
+    """``data`` of a message on ``swarm.jobs.<job_id>.resume``: queue a paused job again."""
+
+    job_id: str
+    reason: str = "resumed by request"

@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from swarm_contracts.evals import DATASET_ID_PATTERN as DATASET_ID_PATTERN
 from swarm_contracts.evals import EvalResult, EvalSpec
@@ -20,6 +20,8 @@ from swarm_contracts.verification import Verification, VerifyTarget
 MODEL_REF_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,62}(@[0-9]+)?$"
 # ``name@version``, or ``name@alias`` (resolved to a version when the job is submitted).
 ADAPTER_REF_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,62}@[a-z0-9][a-z0-9_-]{0,62}$"
+# ``JOB_ID@STEP``: a committed checkpoint of a job (what ``from_checkpoint`` names).
+CHECKPOINT_REF_PATTERN = r"^job-[0-9a-f]{8,64}@[0-9]{1,9}$"
 
 
 def utcnow() -> datetime:
@@ -103,12 +105,33 @@ class JobSpec(Strict):
         pattern=ADAPTER_REF_PATTERN,
         description="continue training this adapter of the tenant's: name@version or name@alias",
     )
+    from_checkpoint: str | None = Field(
+        default=None,
+        pattern=CHECKPOINT_REF_PATTERN,
+        description="start from another job's committed checkpoint, JOB_ID@STEP (a fork): its "
+        "adapter weights, and with from_checkpoint_optimizer its whole training state",
+    )
+    from_checkpoint_optimizer: bool = Field(
+        default=False,
+        description="with from_checkpoint: also take the checkpoint's optimizer state, LR "
+        "schedule, step, data position and RNG, so the job continues that run from the step",
+    )
     lora: LoraSpec = Field(default_factory=LoraSpec)
     training: TrainingSpec = Field(default_factory=TrainingSpec)
     resources: ResourceSpec = Field(default_factory=ResourceSpec)
     priority: int = Field(default=5, ge=0, le=10)
     # Task evals: generate on held-out prompts and grade the outputs (swarm_contracts.evals).
     evals: EvalSpec | None = None
+
+    @model_validator(mode="after")
+    def _one_starting_point(self) -> JobSpec:
+        # A job starts from a registered adapter or from a checkpoint, not both: each sets the
+        # starting weights (and the LoRA shape).
+        if self.from_adapter is not None and self.from_checkpoint is not None:
+            raise ValueError("from_adapter and from_checkpoint exclude each other: give one")
+        if self.from_checkpoint_optimizer and self.from_checkpoint is None:
+            raise ValueError("from_checkpoint_optimizer needs from_checkpoint")
+        return self
 
 
 class SweepRef(Strict):
@@ -144,6 +167,9 @@ class JobState(StrEnum):
     queued = "queued"
     assigned = "assigned"
     running = "running"
+    # Checkpointed and handed back on request (``swarm jobs pause``): no worker, no lease, no
+    # capacity held, until a resume queues it again from that checkpoint.
+    paused = "paused"
     succeeded = "succeeded"
     failed = "failed"
     cancelled = "cancelled"
@@ -194,6 +220,36 @@ class ParentAdapter(BaseModel):
         return f"{self.name}@{self.version}"
 
 
+class ForkPoint(BaseModel):
+    """The checkpoint a job starts from (``from_checkpoint``), pinned at submission: the
+    registry copied the committed checkpoint into the job's own checkpoints
+    (``layout.fork_key``), so that the source's retention cannot take it away, and recorded
+    the sha256 of the adapter files the trainer loads from it."""
+
+    job_id: str = Field(description="the job the checkpoint is of")
+    attempt: int = Field(description="the attempt whose run committed it")
+    step: int
+    store_key: str = Field(description="the copy: a checkpoint directory")
+    files: dict[str, str] = Field(
+        default_factory=dict, description="adapter file name -> sha256, checked on download"
+    )
+    optimizer: bool = Field(
+        default=False, description="the job continues the run (optimizer, schedule, step, data)"
+    )
+
+    @property
+    def ref(self) -> str:
+        return f"{self.job_id}@{self.step}"
+
+
+def parse_checkpoint_ref(ref: str) -> tuple[str, int]:
+    """``JOB_ID@STEP`` -> (job id, step); ValueError when it is not one."""
+    job_id, sep, step = ref.partition("@")
+    if not sep or not job_id.startswith("job-") or not step.isdigit():
+        raise ValueError(f"{ref!r} is not JOB_ID@STEP")
+    return job_id, int(step)
+
+
 class JobRecord(BaseModel):
     """The scheduler's record of a job, one KV entry per job; changed only by compare-and-set."""
 
@@ -210,11 +266,17 @@ class JobRecord(BaseModel):
     reason: str | None = None
     base_model: ModelRef | None = None
     parent: ParentAdapter | None = None
+    # Set when the job starts from another job's checkpoint (``spec.from_checkpoint``), pinned.
+    fork: ForkPoint | None = None
     adapter: AdapterRef | None = None
     metrics: dict[str, float] = Field(default_factory=dict)
     # The latest task evaluation (``evals``): its metrics are in ``metrics`` too.
     evals: EvalResult | None = None
     cancel_requested: bool = False
+    # A pause was asked while a worker held the job: the worker checkpoints and hands it back,
+    # and the hand-back leaves it ``paused`` rather than queued.
+    pause_requested: bool = False
+    pause_requested_at: datetime | None = None
     # Lease bookkeeping in the record, not in a scheduler's memory, so that a new leader
     # times out an unconfirmed assignment or an unanswered cancel from the same clock.
     assigned_at: datetime | None = None
@@ -256,3 +318,32 @@ def unverifiable(record: JobRecord) -> str | None:
             "(training.checkpoint_every below max_steps gives two)"
         )
     return None
+
+
+def unpausable(record: JobRecord) -> str | None:
+    """Why the job cannot be paused now (None: it can, or a pause is already under way). Only
+    a job a worker holds (assigned or running) is paused: it has a run to checkpoint and a
+    worker to free. A queued job holds nothing (cancel it, or pause it once it runs)."""
+    if record.verify is not None:
+        return "a verification replay cannot be paused"
+    if record.state == JobState.paused:
+        return f"{record.job_id} is already paused"
+    if record.state.terminal:
+        return f"{record.job_id} has {record.state.value}: nothing to pause"
+    if record.cancel_requested:
+        return f"{record.job_id} is being cancelled"
+    if record.state == JobState.queued:
+        return (
+            f"{record.job_id} is queued, not running: only a running job can be paused "
+            "(cancel it, or pause it once it runs)"
+        )
+    return None
+
+
+def unresumable(record: JobRecord) -> str | None:
+    """Why the job cannot be resumed (None: it is paused)."""
+    if record.state == JobState.paused:
+        return None
+    if record.pause_requested and not record.state.terminal:
+        return f"{record.job_id} is still being paused: resume it once it is paused"
+    return f"{record.job_id} is {record.state.value}, not paused: nothing to resume"

@@ -107,6 +107,33 @@ def resume_key(job_id: str, attempt: int) -> str:
     return join_key(CHECKPOINTS, job_id, f"{run_name(attempt)}-resume")
 
 
+def fork_key(job_id: str) -> str:
+    """The checkpoint a job starts from when it forks another job's (``from_checkpoint``): the
+    registry's copy, among the job's own checkpoints, so that it lives as long as the job."""
+    return join_key(CHECKPOINTS, job_id, "fork")
+
+
+# Ray Train v2 rewrites this file in a run's directory each time it registers a checkpoint
+# (and before deleting old ones): a checkpoint directory it does not list was never committed.
+SNAPSHOT_FILE = "checkpoint_manager_snapshot.json"
+
+
+def snapshot_key(job_id: str, attempt: int) -> str:
+    return join_key(run_key(job_id, attempt), SNAPSHOT_FILE)
+
+
+def committed_dir_names(snapshot: dict[str, object]) -> set[str]:
+    """The checkpoint directories a run's snapshot (parsed JSON) lists as committed."""
+    names: set[str] = set()
+    latest = snapshot.get("latest_checkpoint_result")
+    results = snapshot.get("checkpoint_results")
+    for result in [latest, *(results if isinstance(results, list) else [])]:
+        name = result.get("checkpoint_dir_name") if isinstance(result, dict) else None
+        if isinstance(name, str) and name.startswith("checkpoint_"):
+            names.add(name)
+    return names
+
+
 def output_prefix(job_id: str, attempt: int) -> str:
     """What one attempt produced, before the registry copies it."""
     return join_key(OUTPUTS, job_id, str(attempt))

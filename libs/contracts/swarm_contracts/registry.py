@@ -7,7 +7,16 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from swarm_contracts.jobs import JobSpec, LoraSpec, TrainingSpec, base_model_reference, utcnow
+from swarm_contracts.jobs import (
+    CHECKPOINT_REF_PATTERN,
+    ForkPoint,
+    JobSpec,
+    LoraSpec,
+    ModelRef,
+    TrainingSpec,
+    base_model_reference,
+    utcnow,
+)
 from swarm_contracts.memory import ModelShape
 from swarm_contracts.names import HF_ID_PATTERN
 
@@ -69,6 +78,9 @@ class Lineage(BaseModel):
     finished_at: datetime | None = None
     parent: str | None = Field(
         default=None, description="the adapter training continued from, as name@version"
+    )
+    forked_from: str | None = Field(
+        default=None, description="the job checkpoint training started from, as JOB_ID@STEP"
     )
 
     def base_model_mismatch(self, name: str, version: int | None = None) -> str | None:
@@ -175,6 +187,44 @@ class GetAdapter(BaseModel):
     )
 
 
+class ForkCheckpoint(BaseModel):
+    """``swarm.registry.checkpoints.fork``: pin ``source`` (``JOB_ID@STEP``, a committed
+    checkpoint of one of ``tenant``'s jobs) for job ``job_id`` to start from. The registry
+    copies it into ``job_id``'s own checkpoints (``layout.fork_key``; the same answer again
+    for a repeated request) and hashes the adapter files. ``dry_run``: only check that it
+    could (the gateway, before submitting). Refused ``not_found`` for an unknown job or
+    another tenant's, ``conflict`` for a step with no committed checkpoint (never made, or
+    already pruned or collected)."""
+
+    job_id: str | None = Field(
+        default=None, pattern=r"^job-[0-9a-f]{8,64}$", description="required unless dry_run"
+    )
+    tenant: str
+    source: str = Field(pattern=CHECKPOINT_REF_PATTERN)
+    optimizer: bool = False
+    dry_run: bool = False
+
+
+class ForkSource(BaseModel):
+    """The registry's answer to ``ForkCheckpoint``: the pinned checkpoint (on a dry run, the
+    source's own directory and no hashes), and what the source job trained with: a fork runs
+    on the same base model version with the same LoRA shape."""
+
+    fork: ForkPoint
+    base_model: ModelRef
+    lora: LoraSpec
+
+
+def forked_spec(spec: JobSpec, source_lora: LoraSpec) -> JobSpec:
+    """The spec a job that starts from a checkpoint runs with: the source's LoRA shape (the
+    checkpoint's weights have it), the job's own dropout and quantization, as for
+    ``continued_spec``."""
+    lora = source_lora.model_copy(
+        update={"dropout": spec.lora.dropout, "quantize": spec.lora.quantize}
+    )
+    return spec.model_copy(update={"lora": lora})
+
+
 class QuarantineJob(BaseModel):
     """``swarm.registry.adapters.quarantine`` (the scheduler, when a job's verification
     failed): quarantine the version the job made; answered with it, or ``not_found`` when the
@@ -278,6 +328,7 @@ class LineageNode(BaseModel):
     validation_dataset: str | None = None
     validation_digest: str | None = None
     parent: str | None = None
+    forked_from: str | None = Field(default=None, description="JOB_ID@STEP")
     metrics: dict[str, float] = Field(default_factory=dict)
     created_at: datetime
 
@@ -285,7 +336,7 @@ class LineageNode(BaseModel):
 class LineageEdge(BaseModel):
     source: str
     target: str
-    kind: Literal["parent", "base_model", "dataset", "validation"]
+    kind: Literal["parent", "checkpoint", "base_model", "dataset", "validation"]
 
 
 class LineageGraph(BaseModel):

@@ -25,6 +25,14 @@ class Subjects:
     def cancel(self, job_id: str = "*") -> str:
         return self._s(f"swarm.jobs.{job_id}.cancel")
 
+    def pause(self, job_id: str = "*") -> str:
+        """Checkpoint a running job, free its worker and keep it paused."""
+        return self._s(f"swarm.jobs.{job_id}.pause")
+
+    def resume(self, job_id: str = "*") -> str:
+        """Queue a paused job again, from its checkpoint."""
+        return self._s(f"swarm.jobs.{job_id}.resume")
+
     def verify(self, job_id: str = "*") -> str:
         """Replay part of a finished job on another worker (swarm_contracts.verification)."""
         return self._s(f"swarm.jobs.{job_id}.verify")

@@ -8,7 +8,15 @@ from typing import Literal
 from pydantic import BaseModel, Field, model_validator
 
 from swarm_contracts.datasets import DatasetInfo
-from swarm_contracts.jobs import JobRecord, JobSpec, JobState, ModelRef, ParentAdapter, utcnow
+from swarm_contracts.jobs import (
+    ForkPoint,
+    JobRecord,
+    JobSpec,
+    JobState,
+    ModelRef,
+    ParentAdapter,
+    utcnow,
+)
 from swarm_contracts.verification import VerifyTarget
 
 
@@ -118,6 +126,8 @@ class Assignment(BaseModel):
     eval_dataset: DatasetInfo | None = None
     # Set when the job continues training an adapter (``spec.from_adapter``), pinned.
     parent: ParentAdapter | None = None
+    # Set when the job starts from another job's checkpoint (``spec.from_checkpoint``), pinned.
+    fork: ForkPoint | None = None
     # W3C traceparent of the placement span: the trainer's spans for this attempt are its children.
     trace_parent: str | None = None
     # A secret for this attempt only: the worker sends it with every event of the attempt
@@ -150,6 +160,8 @@ class AttemptStatus(BaseModel):
     # The record's state, when ``holds`` (assigned or running); else None.
     state: JobState | None = None
     cancel_requested: bool = False
+    # The job is to be paused: checkpoint it and hand it back (as for a ``ReleaseRequest``).
+    release_requested: bool = False
 
     @classmethod
     def of(cls, record: JobRecord | None, query: AttemptQuery, worker_id: str) -> AttemptStatus:
@@ -168,6 +180,7 @@ class AttemptStatus(BaseModel):
             holds=True,
             state=record.state,
             cancel_requested=record.cancel_requested,
+            release_requested=record.pause_requested,
         )
 
 
@@ -229,7 +242,8 @@ class WorkerOps(BaseModel):
 class ReleaseRequest(BaseModel):
     """``data`` of ``swarm.workers.<worker_id>.release``: checkpoint these jobs and hand them
     back (each answered by a ``released`` job event). Sent by the scheduler while it drains
-    the worker with ``move_jobs``, again every few seconds while the jobs are still there."""
+    the worker with ``move_jobs``, or for a job paused by request, again every few seconds
+    while the jobs are still there."""
 
     worker_id: str
     job_ids: list[str]

@@ -87,6 +87,10 @@ class Settings(BaseSettings):
     # even while Ray is still starting the run) is ended by the scheduler after this: a cancel
     # takes effect within about this plus a second from any state.
     cancel_grace_s: float = 4.0
+    # A job paused while running whose worker has not handed it back (checkpointed and
+    # stopped) within this long is taken back by the scheduler and paused from its last
+    # committed checkpoint; the worker, no longer holding it, stops the run.
+    pause_grace_s: float = Field(default=120.0, gt=0)
     # Most jobs one tenant may have assigned or running at once; 0 means no limit.
     tenant_max_running: int = Field(default=0, ge=0)
     # Scheduler leadership: the leader renews its lease about every third of this; a follower

@@ -78,7 +78,7 @@ def _streams(s: Subjects) -> list[StreamConfig]:
         # the scheduler reads them, and publishes those it accepts on the events stream.
         # Kept a day: what matters of them is in the records and the events stream by then.
         _stream(s.worker_events_stream, s.worker_event(), 1, duplicate_window=600),
-        _stream(s.control_stream, [s.cancel(), s.verify()], 7),
+        _stream(s.control_stream, [s.cancel(), s.verify(), s.pause(), s.resume()], 7),
         _stream(s.assign_stream, s.assign(), 7, duplicate_window=600),
         _stream(
             s.adapters_stream,

@@ -75,11 +75,9 @@ class FineTuningJobEvent(BaseModel):
 
 
 def _message(name: str, d: dict[str, Any]) -> str:
+    if (where := _placement(name, d)) is not None:
+        return where
     match name:
-        case "queued":
-            return "Job queued" + (f": {d['reason']}" if d.get("reason") else "")
-        case "assigned":
-            return f"Job placed on worker {d.get('worker_id')}"
         case "started":
             resumed = d.get("resumed_from_step") or 0
             return f"Training started{f' from step {resumed}' if resumed else ''}"
@@ -89,8 +87,6 @@ def _message(name: str, d: dict[str, Any]) -> str:
             return f"Step {d.get('step')}: validation loss={d.get('eval_loss'):.4f}"
         case "checkpoint":
             return f"Checkpoint committed at step {d.get('step')}"
-        case "requeued" | "released":
-            return f"Job requeued: {d.get('reason')}"
         case "succeeded":
             adapter = d.get("adapter") or {}
             return f"Job succeeded: fine-tuned model {adapter.get('name')}@{adapter.get('version')}"
@@ -102,6 +98,26 @@ def _message(name: str, d: dict[str, Any]) -> str:
             why = d.get("reason") or "replayed on another worker"
             return f"Verification {d.get('outcome')}: {why}"
     return name
+
+
+def _placement(name: str, d: dict[str, Any]) -> str | None:
+    """Where the job is (queued, on a worker, handed back, paused), in words; None for
+    another event."""
+    match name:
+        case "queued":
+            return "Job queued" + (f": {d['reason']}" if d.get("reason") else "")
+        case "assigned":
+            return f"Job placed on worker {d.get('worker_id')}"
+        case "requeued":
+            return f"Job requeued: {d.get('reason')}"
+        case "released":
+            return f"Worker {d.get('worker_id')} handed the job back: {d.get('reason')}"
+        case "paused":
+            step = d.get("last_checkpoint_step")
+            return "Job paused" + (f" at the checkpoint of step {step}" if step else "")
+        case "resumed":
+            return "Job resumed"
+    return None
 
 
 def _level(name: str) -> Literal["info", "warn", "error"]:

@@ -1,9 +1,10 @@
 """A Swarm job seen as an OpenAI ``fine_tuning.job`` (``openai.types.fine_tuning``).
 
-The states map one to one but for ``assigned`` (placed on a worker that is loading the model:
-``running``) and a job the scheduler has not recorded yet (``validating_files``). Swarm has no
-``paused`` state yet. ``fine_tuned_model`` is the adapter the job registered, as
-``name@version``: what ``/v1/chat/completions`` takes as ``model`` at once.
+The states map one to one but for ``assigned`` (placed on a worker that is loading the
+model: ``running``) and a job the scheduler has not recorded yet (``validating_files``); a
+running job being paused is ``running`` until its worker has handed it back.
+``fine_tuned_model`` is the adapter the job registered, as ``name@version``: what
+``/v1/chat/completions`` takes as ``model`` at once.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ STATUS_OF_STATE: dict[JobState, Status] = {
     JobState.queued: "queued",
     JobState.assigned: "running",
     JobState.running: "running",
+    JobState.paused: "paused",
     JobState.succeeded: "succeeded",
     JobState.failed: "failed",
     JobState.cancelled: "cancelled",
@@ -79,11 +81,9 @@ class FineTuningJob(BaseModel):
 
 
 def status_of(state: JobState) -> Status:
-    """OpenAI's status of a Swarm state; a state this view does not know yet (a ``paused``
-    that Swarm may gain) is shown as ``paused`` if so named, else as waiting, never a 500."""
-    if state in STATUS_OF_STATE:
-        return STATUS_OF_STATE[state]
-    return "paused" if state.value == "paused" else "queued"
+    """OpenAI's status of a Swarm state; a state this view does not know (one Swarm may gain)
+    is shown as waiting, never a 500."""
+    return STATUS_OF_STATE.get(state, "queued")
 
 
 def _ts(moment: datetime | None) -> int | None:

@@ -8,7 +8,14 @@ from swarm_contracts.datasets import DatasetInfo
 from swarm_contracts.evals import EvalSpec
 from swarm_contracts.jobs import JobSpec
 from swarm_contracts.refs import Ref
-from swarm_contracts.registry import AdapterVersion, GetAdapter, GetModel, ModelVersion
+from swarm_contracts.registry import (
+    AdapterVersion,
+    ForkCheckpoint,
+    ForkSource,
+    GetAdapter,
+    GetModel,
+    ModelVersion,
+)
 from swarm_gateway.errors import field_error
 from swarm_gateway.state import Gateway
 from swarm_runtime.rpc import Refused, Unavailable
@@ -130,6 +137,54 @@ async def check_parent(
             f"adapter {spec.from_adapter} was {mismatch}, not on {spec.base_model}",
         )
     return parent
+
+
+# The registry's refusal of a ``from_checkpoint``, as the status that names the field: an
+# unknown job (or another tenant's) is not found; a step with no committed checkpoint
+# conflicts with what the job has (never made there, or pruned or collected since).
+_FORK_STATUS = {"not_found": 404, "conflict": 409, "invalid": 422}
+
+
+async def check_fork(
+    gw: Gateway,
+    tenant: str,
+    spec: JobSpec,
+    job_id: str | None = None,
+    loc: tuple[str, ...] = ("body",),
+) -> ForkSource | None:
+    """Refuse at once a ``from_checkpoint`` naming an unknown job or another tenant's (404), a
+    step of it with no committed checkpoint (409), or a checkpoint trained on another base
+    model (422); the source when there is one (its LoRA shape is the job's). The registry
+    answers a dry run of the pinning the scheduler asks for; with the registry away the job is
+    accepted, and the scheduler's pinning fails it with the reason."""
+    if spec.from_checkpoint is None:
+        return None
+    request = ForkCheckpoint(
+        job_id=job_id,
+        tenant=tenant,
+        source=spec.from_checkpoint,
+        optimizer=spec.from_checkpoint_optimizer,
+        dry_run=True,
+    )
+    try:
+        found = await gw.registry.call("checkpoints.fork", request, ForkSource)
+    except Unavailable:
+        return None
+    except Refused as exc:
+        status = _FORK_STATUS.get(exc.code)
+        if status is None:
+            raise
+        raise field_error(status, [*loc, "from_checkpoint"], exc.message, exc.code) from exc
+    base = Ref.parse_versioned(spec.base_model)
+    source = found.base_model
+    if source.name != base.name or base.version not in (None, source.version):
+        raise field_error(
+            422,
+            [*loc, "from_checkpoint"],
+            f"checkpoint {spec.from_checkpoint} was trained on {source.name}@{source.version}, "
+            f"not on {spec.base_model}",
+        )
+    return found
 
 
 async def check_base_model(gw: Gateway, spec: JobSpec, loc: tuple[str, ...] = ("body",)) -> None:

@@ -1,7 +1,7 @@
 """The OpenAPI document as a contract: every status each operation can answer, declared with
 its error body, so that nothing undocumented comes back; and OpenAPI links between operations
-(a submitted job -> get, cancel, events, metrics; a job -> its adapter's download; an OpenAI
-file -> a fine-tuning job on it -> its events and checkpoints), which
+(a submitted job -> get, cancel, pause, resume, events, metrics; a job -> its adapter's
+download; an OpenAI file -> a fine-tuning job on it -> its events and checkpoints), which
 clients and stateful fuzzers (schemathesis) follow.
 
 The statuses come from a few sources, shared by whole routers: auth (401), validation and the
@@ -92,6 +92,8 @@ def _job_links(source: str) -> dict[str, tuple[str, str, dict[str, Any]]]:
     return {
         "GetJob": ("/v1/jobs/{job_id}", "get", job),
         "CancelJob": ("/v1/jobs/{job_id}/cancel", "post", job),
+        "PauseJob": ("/v1/jobs/{job_id}/pause", "post", job),
+        "ResumeJob": ("/v1/jobs/{job_id}/resume", "post", job),
         "JobEvents": ("/v1/jobs/{job_id}/events", "get", job),
         "JobMetrics": ("/v1/jobs/{job_id}/metrics", "get", job),
     }
@@ -130,7 +132,9 @@ _LINKS[("/v1/adapters/{name}", "get", "200")] = {
 
 _SPEC_RULES = (
     "`base_model`, `dataset`, `validation` and `from_adapter` must name what the registry "
-    "holds for the caller (an adapter trained on that base model); `lora.target_modules` "
+    "holds for the caller (an adapter trained on that base model); `from_adapter` and "
+    "`from_checkpoint` exclude each other, and `from_checkpoint_optimizer` needs "
+    "`from_checkpoint`, whose checkpoint must be of that base model; `lora.target_modules` "
     "must name modules of the base model; a sweep range's `low` must be below its `high` "
     "(`low` >= 1 and `step` 1 for a log int range); a sweep's `base.name`, if given, equals "
     "its `name`; a searched field must be one the trial template has"
@@ -219,6 +223,8 @@ def _fine_tuning_links(source: str) -> dict[str, tuple[str, str, dict[str, Any]]
     return {
         "RetrieveFineTuningJob": (base, "get", job),
         "CancelFineTuningJob": (f"{base}/cancel", "post", job),
+        "PauseFineTuningJob": (f"{base}/pause", "post", job),
+        "ResumeFineTuningJob": (f"{base}/resume", "post", job),
         "FineTuningJobEvents": (f"{base}/events", "get", job),
         "FineTuningJobCheckpoints": (f"{base}/checkpoints", "get", job),
         "TrainingFile": (

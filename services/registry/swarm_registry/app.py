@@ -21,6 +21,8 @@ from swarm_contracts.registry import (
     AdapterPromoted,
     AdapterVersion,
     AliasTarget,
+    ForkCheckpoint,
+    ForkSource,
     GcReport,
     GetAdapter,
     GetModel,
@@ -40,6 +42,7 @@ from swarm_contracts.registry import (
 from swarm_contracts.store_access import StoreAccess, StoreGrant
 from swarm_contracts.subjects import Subjects
 from swarm_registry.adapters import AdapterCatalog
+from swarm_registry.forks import Forks
 from swarm_registry.integrity import verify
 from swarm_registry.lineage import lineage_graph
 from swarm_registry.metrics import RegistryMetrics
@@ -70,6 +73,7 @@ class Catalogs:
     adapters: AdapterCatalog
     collector: Collector
     signer: StoreSigner
+    forks: Forks
 
 
 class Handlers:
@@ -97,6 +101,8 @@ class Handlers:
             ("adapters.quarantine", self.quarantine_adapter, 1),
             ("adapters.unquarantine", self.unquarantine_adapter, 1),
             ("gc.run", self.run_gc, 1),
+            # Copies a checkpoint: a few at once, like registrations.
+            ("checkpoints.fork", self.fork_checkpoint, REGISTER_WORKERS),
         ]
 
     def worker_routes(self) -> list[tuple[str, Callable[..., Awaitable[Any]], int]]:
@@ -202,6 +208,9 @@ class Handlers:
     async def run_gc(self, request: RunGc) -> Reply[GcReport]:
         return await answer(Reply[GcReport], self.catalogs.collector.run(request))
 
+    async def fork_checkpoint(self, request: ForkCheckpoint) -> Reply[ForkSource]:
+        return await answer(Reply[ForkSource], self.catalogs.forks.fork(request))
+
     async def store_access(self, request: StoreAccess, message: NatsMessage) -> Reply[StoreGrant]:
         worker_id = _sender(message)
         reply = await answer(Reply[StoreGrant], self.catalogs.signer.access(request, worker_id))
@@ -269,6 +278,7 @@ def build_app(settings: Settings) -> FastStream:
         catalogs.collector = Collector(store, catalogs.adapters, catalogs.models.versions, jobs)
         datasets = RecordTable(await kv_bucket(js, subjects, "datasets"), DatasetInfo)
         catalogs.signer = StoreSigner(store, jobs, datasets)
+        catalogs.forks = Forks(store, jobs)
 
     handlers = Handlers(catalogs, tracer)
     for action, handler, workers in handlers.routes():

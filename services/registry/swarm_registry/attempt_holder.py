@@ -102,6 +102,7 @@ def _lineage_mismatches(request: RegisterAdapter, record: JobRecord) -> list[str
         ("dataset", lineage.dataset, record.spec.dataset),
         ("validation dataset", lineage.validation_dataset, record.spec.validation),
         ("parent", lineage.parent, record.parent.ref if record.parent else None),
+        ("checkpoint", lineage.forked_from, record.fork.ref if record.fork else None),
     ]
     if record.base_model is not None:
         claims.append(

@@ -33,6 +33,7 @@ def node(record: AdapterVersion) -> LineageNode:
         validation_dataset=lin.validation_dataset,
         validation_digest=lin.validation_digest,
         parent=lin.parent,
+        forked_from=lin.forked_from,
         metrics=lin.metrics,
         created_at=record.created_at,
     )
@@ -47,6 +48,9 @@ def edges(n: LineageNode) -> list[LineageEdge]:
         out.append(LineageEdge(source=n.ref, target=n.validation_dataset, kind="validation"))
     if n.parent:
         out.append(LineageEdge(source=n.ref, target=n.parent, kind="parent"))
+    if n.forked_from:
+        # A job's checkpoint (JOB_ID@STEP), not an adapter: the chain of adapters ends here.
+        out.append(LineageEdge(source=n.ref, target=n.forked_from, kind="checkpoint"))
     return out
 
 

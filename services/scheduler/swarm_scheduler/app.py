@@ -12,7 +12,7 @@ from nats.js.api import AckPolicy, ConsumerConfig
 from pydantic import Field
 
 from swarm_contracts.envelope import CloudEvent
-from swarm_contracts.events import AnyJobEvent, CancelRequest
+from swarm_contracts.events import AnyJobEvent, CancelRequest, PauseRequest, ResumeRequest
 from swarm_contracts.jobs import JobSubmission
 from swarm_contracts.providers import ATTEMPT_TOKEN_HEADER
 from swarm_contracts.replies import Reply
@@ -97,12 +97,27 @@ class Handlers:
             job_id if job_id != "*" else event.data.job_id, event.data.reason
         )
 
+    async def on_pause(self, event: CloudEvent[PauseRequest], msg: RawMsg) -> None:
+        self._follower_gives_back()
+        await self.scheduler.pause(_job_of(msg.subject, event.data.job_id), event.data.reason)
+
+    async def on_resume(self, event: CloudEvent[ResumeRequest], msg: RawMsg) -> None:
+        self._follower_gives_back()
+        await self.scheduler.resume(_job_of(msg.subject, event.data.job_id), event.data.reason)
+
     async def on_verify(self, event: CloudEvent[VerifyRequest], msg: RawMsg) -> None:
         self._follower_gives_back()
         await self.scheduler.verify(event.data.job_id)
 
     async def on_heartbeat(self, event: CloudEvent[Heartbeat], msg: RawMsg) -> None:
         await self.scheduler.on_heartbeat(event.data, msg.subject)
+
+
+def _job_of(subject: str, named: str) -> str:
+    """The job a control subject (``swarm.jobs.<job_id>.<command>``) is about: the subject's
+    word, which the publisher's permissions vouch for, over the body's."""
+    job_id = subject.split(".")[-2]
+    return job_id if job_id != "*" else named
 
 
 class Consumers:
@@ -139,6 +154,14 @@ class Consumers:
                 subjects.verify(),
                 handlers.on_verify,
                 **_work_queue(subjects.control_stream, "verify"),
+            ),
+            intake(
+                subjects.pause(), handlers.on_pause, **_work_queue(subjects.control_stream, "pause")
+            ),
+            intake(
+                subjects.resume(),
+                handlers.on_resume,
+                **_work_queue(subjects.control_stream, "resume"),
             ),
         ]
         self.heartbeats = intake(subjects.heartbeat(), handlers.on_heartbeat)

@@ -80,6 +80,30 @@ class LeaseClock:
     mono: float  # this process's monotonic clock, compared with what it observed itself
     assign_timeout_s: float
     cancel_grace_s: float
+    pause_grace_s: float = 120.0
+
+
+def _unanswered_stop(r: JobRecord, w: str, clock: LeaseClock) -> Overdue | None:
+    """A cancel or a pause the worker has not answered in time."""
+    if r.cancel_requested and r.cancel_requested_at is not None:
+        # The worker reports a cancel within seconds from any state (it aborts a run Ray is
+        # still starting); one that has not by now is not listening, and a cancel must take
+        # effect all the same: its late events are then refused (the record ended).
+        waited = (clock.now - r.cancel_requested_at).total_seconds()
+        if waited > clock.cancel_grace_s:
+            if r.state == JobState.assigned:
+                reason = f"cancelled before worker {w} started it"
+            else:
+                reason = f"cancelled; worker {w} did not stop it in {clock.cancel_grace_s:g}s"
+            return Overdue(r.job_id, w, "cancel", reason)
+    if r.pause_requested and r.pause_requested_at is not None:
+        # The worker checkpoints and hands the job back; one that has not by now does not
+        # listen (or cannot): the job is taken back, and the requeue pauses it.
+        waited = (clock.now - r.pause_requested_at).total_seconds()
+        if waited > clock.pause_grace_s:
+            reason = f"worker {w} did not hand it back within {clock.pause_grace_s:g}s"
+            return Overdue(r.job_id, w, "requeue", reason)
+    return None
 
 
 def overdue(
@@ -90,7 +114,8 @@ def overdue(
     trust_absence: Callable[[str], bool],
     last_listed: Callable[[JobRecord], float],
 ) -> list[Overdue]:
-    """Jobs to requeue (or, when a cancel was asked, to end).
+    """Jobs to requeue (or, when a cancel was asked, to end; a job being paused is paused
+    by its requeue).
 
     ``trust_absence(worker)``: whether a worker that is not alive is really lost, rather than
     not heard from yet by a scheduler that has just started or taken over.
@@ -106,18 +131,9 @@ def overdue(
             if trust_absence(w):
                 out.append(Overdue(r.job_id, w, "requeue", f"worker {w} lost"))
             continue
-        if r.cancel_requested and r.cancel_requested_at is not None:
-            # The worker reports a cancel within seconds from any state (it aborts a run Ray
-            # is still starting); one that has not by now is not listening, and a cancel must
-            # take effect all the same: its late events are then refused (the record ended).
-            waited = (clock.now - r.cancel_requested_at).total_seconds()
-            if waited > clock.cancel_grace_s:
-                if r.state == JobState.assigned:
-                    reason = f"cancelled before worker {w} started it"
-                else:
-                    reason = f"cancelled; worker {w} did not stop it in {clock.cancel_grace_s:g}s"
-                out.append(Overdue(r.job_id, w, "cancel", reason))
-                continue
+        if (stop := _unanswered_stop(r, w, clock)) is not None:
+            out.append(stop)
+            continue
         if r.state == JobState.assigned:
             if r.assigned_at is not None:
                 waited = (clock.now - r.assigned_at).total_seconds()

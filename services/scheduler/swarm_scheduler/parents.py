@@ -1,4 +1,5 @@
-"""``from_adapter``: pinning the adapter a job continues training from, through the registry.
+"""``from_adapter`` and ``from_checkpoint``: pinning what a job starts from, through the
+registry.
 
 The adapter must be the submitting tenant's own (the registry answers a tenant-scoped query,
 so another tenant's version reads as unknown) and trained on exactly the job's base model.
@@ -9,8 +10,16 @@ from __future__ import annotations
 
 from faststream.nats import NatsBroker
 
-from swarm_contracts.jobs import JobSpec, ModelRef, ParentAdapter
-from swarm_contracts.registry import AdapterVersion, GetAdapter, continued_spec
+from swarm_contracts.jobs import ForkPoint, JobRecord, JobSpec, ModelRef, ParentAdapter
+from swarm_contracts.refs import Ref
+from swarm_contracts.registry import (
+    AdapterVersion,
+    ForkCheckpoint,
+    ForkSource,
+    GetAdapter,
+    continued_spec,
+    forked_spec,
+)
 from swarm_contracts.subjects import Subjects
 from swarm_runtime.rpc import Refused, Unavailable
 from swarm_scheduler.registry_client import registry_of
@@ -43,3 +52,39 @@ async def resolve_parent(
         name=found.name, version=found.version, store_key=found.store_key, files=found.files
     )
     return parent, continued_spec(spec, found)
+
+
+class UnusableCheckpoint(LookupError):
+    """The job cannot start from ``from_checkpoint``; the message is the job's failure reason."""
+
+
+async def resolve_fork(
+    broker: NatsBroker, subjects: Subjects, record: JobRecord
+) -> tuple[ForkPoint, JobSpec, ModelRef]:
+    """``from_checkpoint``: the checkpoint pinned (the registry copies it among the job's own
+    checkpoints), the spec the job runs with (the source's LoRA shape), and the base model it
+    runs on: the source's version. A spec naming the base model without a version gets the
+    source's; one naming another model or version is refused, as for ``from_adapter``."""
+    spec = record.spec
+    assert spec.from_checkpoint is not None
+    ref = spec.from_checkpoint
+    request = ForkCheckpoint(
+        job_id=record.job_id,
+        tenant=record.tenant,
+        source=ref,
+        optimizer=spec.from_checkpoint_optimizer,
+    )
+    try:
+        found = await registry_of(broker, subjects).call("checkpoints.fork", request, ForkSource)
+    except Refused as exc:
+        if exc.code == "internal":
+            raise Unavailable("registry", exc.message) from exc
+        raise UnusableCheckpoint(f"from_checkpoint {ref!r}: {exc.message}") from exc
+    source = found.base_model
+    wanted = Ref.parse_versioned(spec.base_model)
+    if source.name != wanted.name or wanted.version not in (None, source.version):
+        raise UnusableCheckpoint(
+            f"from_checkpoint {ref!r} was trained on {source.name}@{source.version}, not on "
+            f"the job's base model {spec.base_model}"
+        )
+    return found.fork, forked_spec(spec, found.lora), source

@@ -28,9 +28,11 @@ from swarm_contracts.events import (
     Cancelled,
     CancelRequest,
     Failed,
+    Paused,
     Queued,
     Released,
     Requeued,
+    Resumed,
 )
 from swarm_contracts.jobs import JobRecord, JobState, JobSubmission, job_id_for, utcnow
 from swarm_contracts.memory_estimate import estimate_memory
@@ -56,10 +58,16 @@ from swarm_runtime.topology import ensure_topology, kv_bucket
 from swarm_runtime.tracing import child_span, traceparent
 from swarm_scheduler.leases import LeaseBook, LeaseClock, overdue
 from swarm_scheduler.metrics import SchedulerMetrics
-from swarm_scheduler.parents import resolve_parent
+from swarm_scheduler.parents import resolve_fork, resolve_parent
 from swarm_scheduler.placement import HOLDING, plan
 from swarm_scheduler.registry_client import UnknownModel, model_ref, resolve_model
-from swarm_scheduler.transitions import apply_event, copy_record, is_stale, token_matches
+from swarm_scheduler.transitions import (
+    apply_event,
+    copy_record,
+    is_stale,
+    taken_back,
+    token_matches,
+)
 from swarm_scheduler.verification import Verifications
 from swarm_scheduler.view import JobView
 from swarm_scheduler.worker_ops import WorkerOpsView
@@ -80,7 +88,9 @@ RELEASE_RESEND_S = 5.0
 # A liveness check that comes this much later than asked found the scheduler itself paused.
 LIVENESS_PAUSE_S = 1.0
 # Job events only the scheduler sends: from a worker they are refused.
-SCHEDULER_EVENTS = frozenset({"queued", "assigned", "requeued", "verified"})
+SCHEDULER_EVENTS = frozenset({"queued", "assigned", "requeued", "paused", "resumed", "verified"})
+# Asked of a worker for a job paused by request (``ReleaseRequest.reason``).
+PAUSE_REASON = "paused by request"
 
 
 def _fence(
@@ -111,6 +121,7 @@ class Scheduler:
         self.worker_ops = WorkerOpsView(self._ops_changed)
         self.verifications = Verifications(self)
         self._release_sent: dict[str, float] = {}  # worker id -> when it was last asked
+        self._pause_sent: dict[str, float] = {}  # job id -> when its worker was last asked
         self.leases = LeaseBook()
         self._worker_kv_written: dict[str, tuple[object, float]] = {}
         self._datasets: dict[str, DatasetInfo] = {}  # content-addressed: never change
@@ -201,10 +212,15 @@ class Scheduler:
     def _closed(self, job_id: str) -> None:
         # What the leases kept of a job that is no longer open.
         self.leases.forget(job_id)
+        self._pause_sent.pop(job_id, None)
 
-    async def emit(self, event: AnyJobEvent) -> None:
+    async def emit(self, event: AnyJobEvent, revision: int | None = None) -> None:
         # One event of a kind per attempt: a retried publish is de-duplicated by JetStream.
+        # ``revision``: the record's, for an event that may come more than once in an attempt
+        # (a job paused, resumed and paused again before it is placed anew).
         msg_id = f"{event.job_id}.{event.attempt}.{event.event}"
+        if revision is not None:
+            msg_id += f".{revision}"
         await publish_job_event(self.broker, self.subjects, SERVICE, event, msg_id=msg_id)
 
     # --- submissions -----------------------------------------------------------------------
@@ -232,6 +248,12 @@ class Scheduler:
                 record.parent, record.spec = await resolve_parent(
                     self.broker, self.subjects, record.spec, record.tenant, record.base_model
                 )
+            if submission.spec.from_checkpoint:
+                record.fork, record.spec, record.base_model = await resolve_fork(
+                    self.broker, self.subjects, record
+                )
+                if record.base_model.version != model.version:  # the source's version
+                    model = await self._resolve(f"{model.name}@{record.base_model.version}")
             if model.shape is not None:
                 # With the LoRA shape the job runs with (a parent's, when it continues one).
                 ref = f"{model.name}@{model.version}"
@@ -351,14 +373,81 @@ class Scheduler:
         at = event.last_checkpoint_step
         detail = f" (from the checkpoint at step {at})" if at is not None else ""
         reason = f"handed back by worker {event.worker_id}: {event.reason}{detail}"
-        await self.requeue(event.job_id, event.worker_id, reason, handback=not event.fault)
+        await self.requeue(
+            event.job_id, event.worker_id, reason, handback=not event.fault, checkpoint_step=at
+        )
+
+    async def pause(self, job_id: str, reason: str) -> None:
+        """Checkpoint the job and free its worker: the worker hands it back (``released``)
+        and the hand-back leaves it ``paused``. A job that is queued when the request is read
+        (requeued since it was accepted: the API pauses only a job a worker holds) holds
+        nothing, and is paused at once."""
+
+        def change(r: JobRecord) -> JobRecord | None:
+            if r.state.terminal or r.cancel_requested or r.pause_requested:
+                return None
+            if r.verify is not None or r.state == JobState.paused:
+                return None
+            if r.state == JobState.queued:
+                r.state, r.reason = JobState.paused, reason
+            else:
+                r.pause_requested, r.pause_requested_at = True, utcnow()
+            return r
+
+        new = await self.view.modify(job_id, change)
+        if new is None:
+            return
+        if new.state == JobState.paused:
+            event = Paused(job_id=job_id, attempt=new.attempt, reason=reason)
+            await self.emit(event, self.view.revisions.get(job_id))
+        elif new.worker_id:
+            await self._ask_pause(new, time.monotonic())
+
+    async def _ask_pause(self, record: JobRecord, now: float) -> None:
+        """Ask the job's worker to checkpoint it and hand it back (core NATS: asked again
+        every ``RELEASE_RESEND_S`` while it has not, and an agent that missed every request
+        reads ``release_requested`` at its next check of the attempt)."""
+        if record.worker_id is None:
+            return
+        self._pause_sent[record.job_id] = now
+        request = ReleaseRequest(
+            worker_id=record.worker_id, job_ids=[record.job_id], reason=PAUSE_REASON
+        )
+        log.info("asking worker %s to hand back %s: paused", record.worker_id, record.job_id)
+        await self.broker.publish(
+            envelope(SERVICE, "swarm.worker.release", request, subject=record.worker_id),
+            self.subjects.release(record.worker_id),
+        )
+
+    async def _repeat_pauses(self, now: float) -> None:
+        for r in list(self.view.open.values()):
+            due = now - self._pause_sent.get(r.job_id, -RELEASE_RESEND_S) >= RELEASE_RESEND_S
+            if due and r.pause_requested and r.state in HOLDING and r.worker_id:
+                await self._ask_pause(r, now)
+
+    async def resume(self, job_id: str, reason: str) -> None:
+        """Queue a paused job again; its next attempt resumes from the latest checkpoint an
+        earlier attempt committed. Anything but a paused job is left as it is."""
+
+        def change(r: JobRecord) -> JobRecord | None:
+            if r.state != JobState.paused:
+                return None
+            r.state, r.reason = JobState.queued, reason
+            r.pause_requested, r.pause_requested_at = False, None
+            return r
+
+        new = await self.view.modify(job_id, change)
+        if new is not None:
+            event = Resumed(job_id=job_id, attempt=new.attempt, reason=reason)
+            await self.emit(event, self.view.revisions.get(job_id))
+            self.wake()
 
     async def cancel(self, job_id: str, reason: str) -> None:
         def change(r: JobRecord) -> JobRecord | None:
             if r.state.terminal or r.cancel_requested:
                 return None
             r.cancel_requested, r.cancel_requested_at = True, utcnow()
-            if r.state == JobState.queued:
+            if r.state in (JobState.queued, JobState.paused):
                 # Nobody runs it: cancel here. A running job is stopped by its worker, which
                 # listens on the same subject and reports `cancelled` itself.
                 r.state, r.reason = JobState.cancelled, reason
@@ -501,6 +590,7 @@ class Scheduler:
             return
         now = time.monotonic()
         await self._release_drained(now)
+        await self._repeat_pauses(now)
         # A worker this process has never heard from since it started (or took over) may have
         # died while no scheduler was watching; after a timeout's worth of silence it has.
         grace_over = now - self._started_at > self.workers.timeout_s
@@ -509,7 +599,11 @@ class Scheduler:
             await self._mark_unheard_workers_lost()
         self.leases.observe(self.view.open.values(), now)
         clock = LeaseClock(
-            utcnow(), now, self.settings.assign_timeout_s, self.settings.cancel_grace_s
+            utcnow(),
+            now,
+            self.settings.assign_timeout_s,
+            self.settings.cancel_grace_s,
+            self.settings.pause_grace_s,
         )
         for due in overdue(
             list(self.view.open.values()),
@@ -538,36 +632,40 @@ class Scheduler:
         *,
         cancel: bool = False,
         handback: bool = False,
+        checkpoint_step: int | None = None,
     ) -> None:
-        """Take the job back from ``worker_id``: queue it again, or end it if it must end.
+        """Take the job back from ``worker_id``: queue it again, pause it if a pause was
+        asked, or end it if it must end.
 
         Every requeue takes a new attempt number, but only attempts that failed (the worker
         lost, restarted, silent, or at fault) count against ``max_attempts`` (``faults``).
-        ``handback``: the worker gave it back on purpose (drain, shutdown): nothing failed."""
+        ``handback``: the worker gave it back on purpose (drain, shutdown, pause): nothing
+        failed. ``checkpoint_step``: the last one it committed, as it said."""
 
-        def change(r: JobRecord) -> JobRecord | None:
-            if r.state not in HOLDING or r.worker_id != worker_id:
-                return None
-            if not handback:
-                r.faults += 1
-            if cancel:
-                r.state, r.reason = JobState.cancelled, reason
-            elif r.cancel_requested:
-                r.state, r.reason = JobState.cancelled, f"cancelled ({reason})"
-            elif r.faults >= self.settings.max_attempts:
-                r.state, r.reason = JobState.failed, f"{reason}; gave up after {r.faults} attempts"
-            else:
-                r.state, r.reason, r.worker_id = JobState.queued, f"requeued: {reason}", None
-                r.assigned_at = None
-                r.metrics.pop("step", None)  # the next attempt's progress starts from its resume
-            return r
-
+        change = functools.partial(
+            taken_back,
+            worker_id=worker_id,
+            reason=reason,
+            cancel=cancel,
+            handback=handback,
+            max_attempts=self.settings.max_attempts,
+        )
         new = await self.view.modify(job_id, change)
         if new is None:
             return
         if new.state == JobState.queued:
             await self.emit(Requeued(job_id=job_id, attempt=new.attempt, reason=reason))
             self.wake()
+        elif new.state == JobState.paused:
+            self._pause_sent.pop(job_id, None)
+            paused = Paused(
+                job_id=job_id,
+                attempt=new.attempt,
+                reason=new.reason or reason,
+                last_checkpoint_step=checkpoint_step,
+            )
+            await self.emit(paused, self.view.revisions.get(job_id))
+            self.wake()  # its worker's room is free
         elif new.state == JobState.failed:
             await self.emit(Failed(job_id=job_id, attempt=new.attempt, reason=new.reason or reason))
         else:
@@ -682,6 +780,7 @@ class Scheduler:
             eval_dataset=eval_dataset,
             trace_parent=traceparent(),  # the placement span: the trainer continues from it
             parent=new.parent,
+            fork=new.fork,
             attempt_token=token,
             verify=new.verify,
             resume_after_attempt=new.resume_after_attempt,

@@ -16,6 +16,7 @@ from swarm_contracts.events import (
 from swarm_contracts.jobs import JobRecord, JobState, utcnow
 from swarm_contracts.layout import CHECKPOINTS_KEPT
 from swarm_contracts.providers import token_matches as attempt_token_matches
+from swarm_scheduler.placement import HOLDING
 
 
 def copy_record(record: JobRecord) -> JobRecord:
@@ -33,6 +34,45 @@ def is_stale(record: JobRecord, event: AnyJobEvent) -> bool:
 def token_matches(record: JobRecord, token: str | None) -> bool:
     """Whether an event carrying ``token`` comes from the worker given the current attempt."""
     return attempt_token_matches(record.attempt_token_sha256, token)
+
+
+def taken_back(
+    r: JobRecord,
+    *,
+    worker_id: str,
+    reason: str,
+    cancel: bool,
+    handback: bool,
+    max_attempts: int,
+) -> JobRecord | None:
+    """The record (a copy, changed in place) once ``worker_id`` no longer holds the job: queued
+    again, paused if a pause was asked, cancelled if a cancel was (or ``cancel``), or failed
+    once ``max_attempts`` attempts failed; None when the worker does not hold it.
+
+    Only attempts that failed (the worker lost, restarted, silent, or at fault) count against
+    ``max_attempts`` (``faults``); ``handback``: the worker gave it back on purpose (drain,
+    shutdown, pause), which counts nothing."""
+    if r.state not in HOLDING or r.worker_id != worker_id:
+        return None
+    if not handback:
+        r.faults += 1
+    if cancel:
+        r.state, r.reason = JobState.cancelled, reason
+    elif r.cancel_requested:
+        r.state, r.reason = JobState.cancelled, f"cancelled ({reason})"
+    elif r.pause_requested:
+        # Paused rather than queued, however it came back (handed back, or its worker lost):
+        # no worker, nothing held, until a resume queues it from its checkpoint.
+        r.state, r.reason = JobState.paused, f"paused: {reason}"
+        r.pause_requested, r.pause_requested_at = False, None
+    elif r.faults >= max_attempts:
+        r.state, r.reason = JobState.failed, f"{reason}; gave up after {r.faults} attempts"
+    else:
+        r.state, r.reason = JobState.queued, f"requeued: {reason}"
+    if not r.state.terminal:
+        r.worker_id, r.assigned_at = None, None
+        r.metrics.pop("step", None)  # the next attempt's progress starts from its resume
+    return r
 
 
 def kept_checkpoints(checkpoints: list[int], step: float | None) -> list[int]:

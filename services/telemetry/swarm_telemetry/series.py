@@ -18,6 +18,8 @@ STATE_AFTER = {
     "progress": "running",
     "checkpoint": "running",
     "validated": "running",
+    "paused": "paused",
+    "resumed": "queued",
     "succeeded": "succeeded",
     "failed": "failed",
     "cancelled": "cancelled",

@@ -98,6 +98,8 @@ REGISTER_TIMEOUT_S = 60.0
 # cancel (or a hand-back of an attempt that has trained nothing yet) reported without waiting
 # for Ray to finish.
 STOP_S = 2.0
+# Why a job paused by request is handed back (the scheduler's ``ReleaseRequest`` says the same).
+PAUSE_REASON = "paused by request"
 
 
 def default_worker_id() -> str:
@@ -438,6 +440,10 @@ class TrainerAgent:
             )
             return False
         active = ActiveJob(job=job)
+        if status.release_requested:
+            # Paused before we began (its release request may have come before the
+            # assignment): handed back at once, with nothing to checkpoint.
+            active.release_reason = PAUSE_REASON
         self.active[job.job_id] = active
         active.task = asyncio.create_task(self._traced_run(active))
         return True
@@ -740,6 +746,9 @@ class TrainerAgent:
             if status.cancel_requested and not active.cancel_requested:
                 # The scheduler's cancel message (core NATS) did not reach us.
                 await self._request_cancel(active, "cancelled by request")
+            elif status.release_requested and active.release_reason is None:
+                # Nor its request to hand the job back (a pause).
+                await self._request_release(active, PAUSE_REASON)
             return
         log.warning(
             "job %s attempt %d is no longer this worker's: stopping our run",
@@ -856,6 +865,7 @@ class TrainerAgent:
             started_at=active.started_at,
             finished_at=utcnow(),
             parent=job.parent.ref if job.parent else None,
+            forked_from=job.fork.ref if job.fork else None,
         )
         version = await self.register(
             RegisterAdapter(

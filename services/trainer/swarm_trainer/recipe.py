@@ -47,7 +47,7 @@ from swarm_trainer.data import (
 from swarm_trainer.hooks import LoopHooks
 from swarm_trainer.loop_config import LoopConfig
 from swarm_trainer.model import build_model
-from swarm_trainer.parent_adapter import fetch_parent
+from swarm_trainer.parent_adapter import starting_adapter
 from swarm_trainer.replay import replay_report
 from swarm_trainer.reporter import Reporter
 from swarm_trainer.rng import load_rng, save_rng, seed_everything
@@ -175,7 +175,7 @@ def setup(config: LoopConfig, work: Path, held: contextlib.ExitStack) -> Recipe:
     )
     model_dir = model_entry.path
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    parent_dir = fetch_parent(store, job.parent, work / "parent") if job.parent else None
+    parent_dir = starting_adapter(store, job, work / "parent")
     sharding = for_strategy(job.spec.resources.strategy)
     model = sharding.wrap(build_model(model_dir, job.spec.lora, t, parent_dir, compute, device))
 

@@ -36,7 +36,7 @@ from swarm_trainer.checkpoint import (
 )
 from swarm_trainer.hooks import LoopHooks
 from swarm_trainer.loop_config import LoopConfig, StoreConnection
-from swarm_trainer.parent_adapter import missing_parent_files
+from swarm_trainer.parent_adapter import missing_fork_files, missing_parent_files
 from swarm_trainer.recipe import train_loop
 from swarm_trainer.train_state import TrainMetrics
 
@@ -91,6 +91,10 @@ def preflight(job: Assignment, store: ObjectStore) -> None:
         raise PreflightError(
             f"from_adapter {job.parent.ref}: {', '.join(missing)} missing in the store"
         )
+    if job.fork is not None and (missing := missing_fork_files(store, job.fork)):
+        raise PreflightError(
+            f"from_checkpoint {job.fork.ref}: {', '.join(missing)} missing in the store"
+        )
     preflight_compute(job)
 
 
@@ -129,10 +133,16 @@ def preflight_compute(job: Assignment) -> None:
 
 def starting_point(job: Assignment, store: ObjectStore) -> ResumePoint | None:
     """Where the attempt starts: a replay from its target's checkpoint, any other attempt from
-    the latest checkpoint an earlier attempt (one it may trust) committed."""
+    the latest checkpoint an earlier attempt (one it may trust) committed, else a fork with
+    ``from_checkpoint_optimizer`` from the checkpoint it forks."""
     if job.verify is not None:
         return replay_start(store, job.verify)
-    return prepare_resume(store, job.job_id, job.attempt, after=job.resume_after_attempt)
+    resume = prepare_resume(store, job.job_id, job.attempt, after=job.resume_after_attempt)
+    if resume is None and job.fork is not None and job.fork.optimizer:
+        # A fork that takes the whole training state continues the source's run from its
+        # checkpoint (the registry's copy among this job's own), as a resume would.
+        return ResumePoint(step=job.fork.step, key=job.fork.store_key)
+    return resume
 
 
 def run_job(

@@ -1,12 +1,12 @@
 """OpenAI's fine-tuning jobs API as a view of Swarm's jobs: ``/v1/fine_tuning/jobs``.
 
-Create, list (cursor ``after``/``limit``, ``metadata[k]=v`` filter), retrieve, cancel, events
-and checkpoints, with the stock ``openai`` client's types. A fine-tuning job *is* a Swarm
-job (``ftjob-<hex>`` is ``job-<hex>``): it is queued, placed, trained, cancelled and
-verified like any other, and every Swarm job of the tenant is listed here too. What OpenAI
-has and Swarm's spec does not (metadata, suffix, the hyperparameters in OpenAI's terms) is
-kept in the gateway's ``openai_jobs`` bucket (``swarm_gateway.fine_tune_records``).
-Pausing and resuming are not there yet: a 400 that says so. docs/openai.md has the mapping.
+Create, list (cursor ``after``/``limit``, ``metadata[k]=v`` filter), retrieve, cancel,
+pause, resume, events and checkpoints, with the stock ``openai`` client's types. A
+fine-tuning job *is* a Swarm job (``ftjob-<hex>`` is ``job-<hex>``): it is queued, placed,
+trained, paused, resumed, cancelled and verified like any other, and every Swarm job of the
+tenant is listed here too. What OpenAI has and Swarm's spec does not (metadata, suffix, the
+hyperparameters in OpenAI's terms) is kept in the gateway's ``openai_jobs`` bucket
+(``swarm_gateway.fine_tune_records``). docs/openai.md has the mapping.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from fastapi import APIRouter, Depends, Header, Query, Request
 from pydantic import BaseModel
 
 from swarm_contracts.envelope import envelope
-from swarm_contracts.events import CancelRequest
-from swarm_contracts.jobs import JobRecord, job_id_for
+from swarm_contracts.events import CancelRequest, PauseRequest, ResumeRequest
+from swarm_contracts.jobs import JobRecord, job_id_for, unpausable, unresumable
 from swarm_contracts.refs import Ref
 from swarm_contracts.registry import AdapterVersion, GetAdapter, GetModel, ModelVersion
 from swarm_gateway.auth import Caller, Principal, Tenant
@@ -303,39 +303,54 @@ async def cancel_job(fine_tuning_job_id: str, gw: GW, caller: Caller) -> FineTun
             code="job_not_cancellable",
         )
     request = CancelRequest(job_id=record.job_id, reason="cancelled by request (OpenAI API)")
-    event = envelope("gateway", "swarm.job.cancel", request, subject=record.job_id)
-    await gw.publish(
-        gw.subjects.cancel(record.job_id),
-        event.model_dump_json().encode(),
-        stream=gw.subjects.control_stream,
-        headers={"content-type": "application/json"},
+    await _control(
+        gw, gw.subjects.cancel(record.job_id), "swarm.job.cancel", request, record.job_id
     )
-    found = await gw.jobs.get(record.job_id)
-    return await _view(gw, found[0] if found else record, extras, pending=found is None)
+    return await _current(gw, record, extras)
 
 
 @router.post("/{fine_tuning_job_id}/pause", response_model=FineTuningJob)
 async def pause_job(fine_tuning_job_id: str, gw: GW, caller: Caller) -> FineTuningJob:
-    """Not supported yet: a 400 saying so."""
-    await _own(gw, caller, fine_tuning_job_id)
-    raise OpenAIError(
-        400,
-        "pausing a fine-tuning job is not supported by Swarm yet; cancel it instead",
-        param="fine_tuning_job_id",
-        code="unsupported_operation",
-    )
+    """Pause a running job: its worker commits a checkpoint of the step it reached and hands
+    the job back; its status is ``paused`` once it has (seconds), with no worker held, until
+    it is resumed. A job that is not running (queued, paused, ended) is a 409."""
+    record, extras = await _own(gw, caller, fine_tuning_job_id)
+    if (problem := unpausable(record)) is not None:
+        raise OpenAIError(409, problem, param="fine_tuning_job_id", code="job_not_pausable")
+    request = PauseRequest(job_id=record.job_id, reason="paused by request (OpenAI API)")
+    await _control(gw, gw.subjects.pause(record.job_id), "swarm.job.pause", request, record.job_id)
+    return await _current(gw, record, extras)
 
 
 @router.post("/{fine_tuning_job_id}/resume", response_model=FineTuningJob)
 async def resume_job(fine_tuning_job_id: str, gw: GW, caller: Caller) -> FineTuningJob:
-    """Not supported yet: a 400 saying so."""
-    await _own(gw, caller, fine_tuning_job_id)
-    raise OpenAIError(
-        400,
-        "resuming a fine-tuning job is not supported by Swarm yet (no job is ever paused)",
-        param="fine_tuning_job_id",
-        code="unsupported_operation",
+    """Resume a paused job: it is queued again and its next attempt trains on from the
+    checkpoint it was paused at. A job that is not paused is a 409."""
+    record, extras = await _own(gw, caller, fine_tuning_job_id)
+    if (problem := unresumable(record)) is not None:
+        raise OpenAIError(409, problem, param="fine_tuning_job_id", code="job_not_resumable")
+    request = ResumeRequest(job_id=record.job_id, reason="resumed by request (OpenAI API)")
+    await _control(
+        gw, gw.subjects.resume(record.job_id), "swarm.job.resume", request, record.job_id
     )
+    return await _current(gw, record, extras)
+
+
+async def _control(gw: Gateway, subject: str, kind: str, data: BaseModel, job: str) -> None:
+    """A command about one job for the scheduler, on the control stream (kept until read)."""
+    event = envelope("gateway", kind, data, subject=job)
+    await gw.publish(
+        subject,
+        event.model_dump_json().encode(),
+        stream=gw.subjects.control_stream,
+        headers={"content-type": "application/json"},
+    )
+
+
+async def _current(gw: Gateway, record: JobRecord, extras: FineTune | None) -> FineTuningJob:
+    """The job as its record says now (the scheduler may already have acted)."""
+    found = await gw.jobs.get(record.job_id)
+    return await _view(gw, found[0] if found else record, extras, pending=found is None)
 
 
 @router.get("/{fine_tuning_job_id}/events", response_model=EventList)

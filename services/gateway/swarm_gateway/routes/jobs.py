@@ -1,4 +1,5 @@
-"""``/v1/jobs``: submit, list, show, cancel, verify, metrics and the SSE event stream."""
+"""``/v1/jobs``: submit, list, show, cancel, pause, resume, verify, metrics and the SSE event
+stream."""
 
 from __future__ import annotations
 
@@ -12,24 +13,26 @@ from pydantic import BaseModel
 from sse_starlette.sse import EventSourceResponse
 
 from swarm_contracts.envelope import envelope
-from swarm_contracts.events import TERMINAL_EVENTS, CancelRequest
+from swarm_contracts.events import TERMINAL_EVENTS, CancelRequest, PauseRequest, ResumeRequest
 from swarm_contracts.jobs import (
     JobRecord,
     JobSpec,
     JobState,
     job_id_for,
+    unpausable,
+    unresumable,
     unverifiable,
 )
 from swarm_contracts.memory import MemoryEstimate
 from swarm_contracts.memory_estimate import estimate_memory
 from swarm_contracts.metrics import GetJobMetrics, JobMetrics
 from swarm_contracts.refs import Ref
-from swarm_contracts.registry import GetModel, ModelVersion, continued_spec
+from swarm_contracts.registry import GetModel, ModelVersion, continued_spec, forked_spec
 from swarm_contracts.verification import VerifyRequest
 from swarm_gateway.auth import Caller, Principal, Tenant
 from swarm_gateway.errors import field_error
 from swarm_gateway.event_stream import LastEventId, follow, start_sequence
-from swarm_gateway.job_checks import check_base_model, check_datasets, check_parent
+from swarm_gateway.job_checks import check_base_model, check_datasets, check_fork, check_parent
 from swarm_gateway.job_submit import submit
 from swarm_gateway.responses import FiniteJSONResponse
 from swarm_gateway.state import Gateway, get_gateway
@@ -70,10 +73,11 @@ async def submit_job(
     tenant: Tenant,
     idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
 ) -> FiniteJSONResponse:
+    job_id = job_id_for(tenant, idempotency_key or uuid.uuid4().hex)
     await check_datasets(gw, tenant, spec)
     await check_parent(gw, tenant, spec)
+    await check_fork(gw, tenant, spec, job_id)
     await check_base_model(gw, spec)
-    job_id = job_id_for(tenant, idempotency_key or uuid.uuid4().hex)
     record, status_code = await submit(gw, tenant, spec, job_id)
     return FiniteJSONResponse(record.model_dump(mode="json"), status_code=status_code)
 
@@ -86,11 +90,16 @@ async def submit_job(
 async def estimate_job(spec: JobSpec, gw: GW, tenant: Tenant) -> MemoryEstimate:
     """The GPU memory the job would need per GPU (the same body as ``POST /v1/jobs``; nothing
     is submitted). The scheduler holds a GPU job to this estimate when it places it. With
-    ``from_adapter`` the LoRA shape is the parent's, as when the job runs."""
+    ``from_adapter`` the LoRA shape is the parent's, with ``from_checkpoint`` the source
+    job's, as when the job runs."""
     parent = await check_parent(gw, tenant, spec)
     if parent is not None:
         spec = continued_spec(spec, parent)
     ref = Ref.parse_versioned(spec.base_model)
+    fork = await check_fork(gw, tenant, spec)
+    if fork is not None:  # the source's LoRA shape, on the source's base model version
+        spec = forked_spec(spec, fork.lora)
+        ref = Ref(name=fork.base_model.name, version=fork.base_model.version)
     try:
         model = await gw.registry.call(
             "models.get", GetModel(name=ref.name, version=ref.version), ModelVersion
@@ -177,6 +186,61 @@ async def cancel_job(
     record = await _own_job(gw, caller, job_id)
     request = CancelRequest(job_id=job_id, reason=reason or "cancelled by request")
     await _control(gw, gw.subjects.cancel(job_id), "swarm.job.cancel", request, job_id)
+    return record
+
+
+@router.post(
+    "/{job_id}/pause",
+    status_code=status.HTTP_202_ACCEPTED,
+    response_model=JobRecord,
+    responses={
+        404: {"description": "no such job of the caller's tenant"},
+        409: {
+            "description": "the job is not running (queued, already paused, finished, being "
+            "cancelled) or is a verification replay"
+        },
+    },
+)
+async def pause_job(
+    job_id: str,
+    gw: GW,
+    caller: Caller,
+    reason: Annotated[str | None, Query(max_length=500)] = None,
+) -> JobRecord:
+    """Checkpoint the running job and free its worker: its worker commits a checkpoint of the
+    step it reached and hands the job back, and the job is ``paused`` (no worker, no lease,
+    no capacity held) until it is resumed. Asking again while it is being paused changes
+    nothing. Only a job a worker holds (assigned or running) can be paused."""
+    record = await _own_job(gw, caller, job_id)
+    if (problem := unpausable(record)) is not None:
+        raise HTTPException(status.HTTP_409_CONFLICT, detail=problem)
+    request = PauseRequest(job_id=job_id, reason=reason or "paused by request")
+    await _control(gw, gw.subjects.pause(job_id), "swarm.job.pause", request, job_id)
+    return record
+
+
+@router.post(
+    "/{job_id}/resume",
+    status_code=status.HTTP_202_ACCEPTED,
+    response_model=JobRecord,
+    responses={
+        404: {"description": "no such job of the caller's tenant"},
+        409: {"description": "the job is not paused"},
+    },
+)
+async def resume_job(
+    job_id: str,
+    gw: GW,
+    caller: Caller,
+    reason: Annotated[str | None, Query(max_length=500)] = None,
+) -> JobRecord:
+    """Queue the paused job again: its next attempt resumes from the checkpoint it was paused
+    at, and trains on as if it had never stopped."""
+    record = await _own_job(gw, caller, job_id)
+    if (problem := unresumable(record)) is not None:
+        raise HTTPException(status.HTTP_409_CONFLICT, detail=problem)
+    request = ResumeRequest(job_id=job_id, reason=reason or "resumed by request")
+    await _control(gw, gw.subjects.resume(job_id), "swarm.job.resume", request, job_id)
     return record
 
 

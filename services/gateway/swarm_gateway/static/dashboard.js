@@ -12,6 +12,7 @@ const FINAL_READS = 10; // reads after the end before a curve short of the last 
 const GROUPS = [
   ["queue", ["queued", "assigned"]],
   ["running", ["running"]],
+  ["paused", ["paused"]], // checkpointed and handed back: no worker until resumed
   ["finished", ["succeeded", "failed", "cancelled"]],
 ];
 
@@ -278,6 +279,7 @@ function describe(name, data) {
     case "assigned": case "started": return `worker ${data.worker_id}`;
     case "succeeded": return `adapter ${data.adapter.name} v${data.adapter.version}`;
     case "queued": return data.reason || "";
+    case "paused": return data.last_checkpoint_step ? `at step ${data.last_checkpoint_step}: ${data.reason}` : data.reason || "";
     default: return data.reason || "";
   }
 }
