@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -21,7 +21,9 @@ from swarm_contracts.envelope import CloudEvent
 from swarm_contracts.events import (
     CancelRequest,
     CheckpointSaved,
+    PauseRequest,
     Progress,
+    ResumeRequest,
     Started,
     Succeeded,
     Validated,
@@ -342,19 +344,56 @@ async def test_pause_resume_and_cancel(env: Env) -> None:
     job = await env.alice.fine_tuning.jobs.create(
         model="tiny", training_file=await upload(env.alice)
     )
-    for call in (env.alice.fine_tuning.jobs.pause, env.alice.fine_tuning.jobs.resume):
-        with pytest.raises(openai.BadRequestError) as refused:
+    job_id = "job-" + job.id.removeprefix("ftjob-")
+    # Queued: nothing to pause (only a running job can be), nothing to resume.
+    with pytest.raises(openai.ConflictError) as queued:
+        await env.alice.fine_tuning.jobs.pause(job.id)
+    assert queued.value.code == "job_not_pausable"
+    assert "queued, not running" in queued.value.message
+    with pytest.raises(openai.ConflictError) as not_paused:
+        await env.alice.fine_tuning.jobs.resume(job.id)
+    assert not_paused.value.code == "job_not_resumable"
+    # Another tenant's job is as unknown as a missing one.
+    for call in (env.bob.fine_tuning.jobs.pause, env.bob.fine_tuning.jobs.resume):
+        with pytest.raises(openai.NotFoundError):
             await call(job.id)
-        assert refused.value.code == "unsupported_operation"
+
+    def to(state: JobState) -> Callable[[JobRecord], JobRecord]:
+        def change(record: JobRecord) -> JobRecord:
+            record.state, record.worker_id = state, None if state == JobState.paused else "w1"
+            return record
+
+        return change
 
     nc = await nats.connect(env.settings.nats_url)
     try:
         subjects = Subjects(env.settings.namespace)
-        job_id = "job-" + job.id.removeprefix("ftjob-")
-        sub = await nc.jetstream().subscribe(subjects.cancel(job_id), ordered_consumer=True)
+        js = nc.jetstream()
+
+        async def asked(subject: str, model: type[PauseRequest | ResumeRequest]) -> str:
+            sub = await js.subscribe(subject, ordered_consumer=True)
+            msg = await sub.next_msg(5)
+            await sub.unsubscribe()
+            return CloudEvent[model].model_validate_json(msg.data).data.job_id  # type: ignore[valid-type]
+
+        # Running: the pause goes to the scheduler; the job is shown running until its worker
+        # has handed it back (the scheduler's part, played here).
+        await env.jobs.modify(job_id, to(JobState.running))
+        pausing = await env.alice.fine_tuning.jobs.pause(job.id)
+        assert (pausing.id, pausing.status) == (job.id, "running")
+        assert await asked(subjects.pause(job_id), PauseRequest) == job_id
+        await env.jobs.modify(job_id, to(JobState.paused))
+        assert (await env.alice.fine_tuning.jobs.retrieve(job.id)).status == "paused"
+        with pytest.raises(openai.ConflictError, match="already paused"):
+            await env.alice.fine_tuning.jobs.pause(job.id)
+        resuming = await env.alice.fine_tuning.jobs.resume(job.id)
+        assert resuming.status == "paused"  # until the scheduler has queued it again
+        assert await asked(subjects.resume(job_id), ResumeRequest) == job_id
+
+        sub = await js.subscribe(subjects.cancel(job_id), ordered_consumer=True)
         assert (await env.alice.fine_tuning.jobs.cancel(job.id)).id == job.id
-        asked = CloudEvent[CancelRequest].model_validate_json((await sub.next_msg(5)).data)
-        assert asked.data.job_id == job_id
+        cancel = CloudEvent[CancelRequest].model_validate_json((await sub.next_msg(5)).data)
+        assert cancel.data.job_id == job_id
     finally:
         await nc.close()
 
@@ -366,6 +405,8 @@ async def test_pause_resume_and_cancel(env: Env) -> None:
     assert (await env.alice.fine_tuning.jobs.retrieve(job.id)).status == "cancelled"
     with pytest.raises(openai.ConflictError):
         await env.alice.fine_tuning.jobs.cancel(job.id)
+    with pytest.raises(openai.ConflictError, match="nothing to pause"):
+        await env.alice.fine_tuning.jobs.pause(job.id)
 
 
 async def test_list_pages_and_filters_by_metadata(env: Env) -> None:

@@ -347,3 +347,59 @@ async def test_a_run_that_fails_after_its_lease_lapsed_sends_no_final_event(
     await agent._run(ActiveJob(job=job.model_copy(update={"attempt": 2, "worker_id": "w-test"})))
     assert sent == [("failed", 2)]
     await agent.broker.stop()
+
+
+async def test_an_agent_that_missed_the_pause_request_hands_the_job_back_at_its_next_check(
+    settings: Settings, tiny_model_dir: Path
+) -> None:
+    """The scheduler's request to hand a paused job back is core NATS; an agent that missed
+    it reads ``release_requested`` when it next asks about its attempt, and hands the job
+    back: a run that trained nothing yet is stopped at once and reported ``released``."""
+    from swarm_contracts.events import Released
+    from swarm_trainer.agent import PAUSE_REASON, ActiveJob
+
+    agent = await bare_agent(settings)
+    s = Subjects(settings.namespace)
+    job = make_assignment(open_store(settings), tiny_model_dir, worker_id="w-test")
+    job = job.model_copy(update={"attempt_token": "t0ken"})
+    record = JobRecord(
+        job_id=job.job_id,
+        tenant="default",
+        spec=job.spec,
+        state=JobState.running,
+        attempt=1,
+        worker_id="w-test",
+        attempt_token_sha256=token_digest("t0ken"),
+        pause_requested=True,
+    )
+    await agent.jobs.create(job.job_id, record)
+    sub = await agent.broker.connection.subscribe(s.worker_event("w-test", job.job_id, "released"))
+
+    async def setting_up() -> None:  # a run Ray is still starting: no step trained
+        await asyncio.sleep(60)
+
+    active = ActiveJob(job=job)
+    active.task = asyncio.create_task(setting_up())
+    agent.active[job.job_id] = active
+    await agent._stop_if_superseded(active)
+    assert active.release_reason == PAUSE_REASON
+    assert not active.cancel_requested
+    released = Released.model_validate(json.loads((await sub.next_msg(timeout=10)).data)["data"])
+    assert (released.attempt, released.reason, released.last_checkpoint_step) == (
+        1,
+        PAUSE_REASON,
+        None,
+    )
+    assert job.job_id not in agent.active  # let go: the worker is free
+    active.task.cancel()
+
+    # An assignment whose record already asks for the pause is taken, to be handed back.
+    fresh = job.model_copy(update={"attempt": 2})
+    placed = record.model_copy(update={"attempt": 2, "state": JobState.assigned})
+    await agent.jobs.put(job.job_id, placed)
+    assert await agent.accept(fresh)
+    taken = agent.active[job.job_id]
+    assert taken.release_reason == PAUSE_REASON
+    assert taken.task is not None
+    taken.task.cancel()  # no Ray run in this test
+    await agent.broker.stop()
