@@ -164,3 +164,53 @@ def test_documented_errors(clients: tuple[openai.OpenAI, openai.OpenAI]) -> None
         openai.OpenAI(base_url=str(alice.base_url), api_key="nobody", max_retries=0).files.list()
     assert isinstance(denied.value.body, dict)
     assert denied.value.body["type"] == "authentication_error"
+
+
+def test_pause_and_resume_with_the_stock_client(
+    clients: tuple[openai.OpenAI, openai.OpenAI],
+) -> None:
+    """A running job paused (its worker checkpoints it and lets go), then resumed from that
+    checkpoint to its end; another tenant can do neither."""
+    alice, bob = clients
+    training = alice.files.create(file=("train.jsonl", chat_jsonl(8)), purpose="fine-tune")
+    job = alice.fine_tuning.jobs.create(
+        model="tiny-llama",
+        training_file=training.id,
+        seed=5,
+        # 80 steps: long enough to pause it before its end.
+        hyperparameters={"n_epochs": 10, "batch_size": 1},
+    )
+
+    def trained_a_step() -> bool:
+        events = alice.fine_tuning.jobs.list_events(job.id, limit=5).data
+        return any(e.type == "metrics" for e in events)
+
+    deadline = time.monotonic() + 300
+    while not trained_a_step():
+        assert time.monotonic() < deadline, alice.fine_tuning.jobs.retrieve(job.id).status
+        time.sleep(0.2)
+    with pytest.raises(openai.NotFoundError):
+        bob.fine_tuning.jobs.pause(job.id)
+    assert alice.fine_tuning.jobs.pause(job.id).id == job.id
+    while (status := alice.fine_tuning.jobs.retrieve(job.id).status) != "paused":
+        assert status == "running", f"{status}: the pause came too late"
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    with pytest.raises(openai.ConflictError) as again:
+        alice.fine_tuning.jobs.pause(job.id)
+    assert again.value.code == "job_not_pausable"
+    messages = [e.message for e in alice.fine_tuning.jobs.list_events(job.id, limit=5)]
+    assert any(m.startswith("Job paused at the checkpoint of step") for m in messages), messages
+
+    with pytest.raises(openai.NotFoundError):
+        bob.fine_tuning.jobs.resume(job.id)
+    resumed = alice.fine_tuning.jobs.resume(job.id)
+    assert resumed.id == job.id
+    done = wait_for(alice, job.id)
+    assert done.status == "succeeded", done.error
+    assert done.fine_tuned_model is not None
+    with pytest.raises(openai.ConflictError) as ended:
+        alice.fine_tuning.jobs.resume(job.id)
+    assert ended.value.code == "job_not_resumable"
+    messages = [e.message for e in alice.fine_tuning.jobs.list_events(job.id, limit=100)]
+    assert "Job resumed" in messages

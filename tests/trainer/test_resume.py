@@ -32,19 +32,26 @@ def resumed_from(messages: list[Report]) -> list[int]:
     return [m.resumed_from_step for m in messages if isinstance(m, Started)]
 
 
+REFERENCE = "job-aaaaaaaaaaaaaaaaaaaa"
+
+
+@pytest.fixture(scope="module")
+def reference_store(tmp_path_factory: pytest.TempPathFactory) -> LocalStore:
+    return LocalStore(tmp_path_factory.mktemp("reference") / "store")
+
+
 @pytest.fixture(scope="module")
 def reference(
-    ray_cluster: None, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+    ray_cluster: None, tiny_model_dir: Path, reference_store: LocalStore
 ) -> tuple[dict[int, float], RunResult]:
-    """An uninterrupted run: its losses by step, and its result."""
+    """An uninterrupted run (job ``REFERENCE``, in ``reference_store``): its losses by step,
+    and its result."""
     from ray.util.queue import Queue
 
-    tmp_path = tmp_path_factory.mktemp("reference")
-    store = LocalStore(tmp_path / "store")
+    store = reference_store
+    tmp_path = store.root.parent
     settings = Settings(store_url=store.url, work_dir=tmp_path / "work")
-    job = make_assignment(
-        store, tiny_model_dir, job_id="job-aaaaaaaaaaaaaaaaaaaa", training=TRAINING, lora=LORA
-    )
+    job = make_assignment(store, tiny_model_dir, job_id=REFERENCE, training=TRAINING, lora=LORA)
     queue = Queue()
     result = run_job(job, settings, store, progress=queue)
     assert result is not None
@@ -134,3 +141,56 @@ def test_a_new_attempt_resumes_exactly_from_what_an_earlier_one_committed(
     # Attempt 2 checkpointed into its own run; attempt 1's run is as it left it.
     assert committed_checkpoint_step(store, job_id, 2) == 8
     assert committed_checkpoint_step(store, job_id, 1) == 4
+
+
+def test_a_fork_of_the_weights_trains_afresh_from_the_checkpoint_s_adapter(
+    reference: tuple[dict[int, float], RunResult],
+    reference_store: LocalStore,
+    tiny_model_dir: Path,
+    tmp_path: Path,
+) -> None:
+    """``from_checkpoint`` without the optimizer: another job, pinned to the reference's
+    checkpoint of step 4 as the registry pins it (a copy among its own checkpoints), trains
+    from step 0 with a fresh optimizer and schedule, its LoRA weights starting as the
+    checkpoint's (a fresh LoRA's B matrices are all zeros)."""
+    from ray.util.queue import Queue
+    from safetensors.torch import load_file
+
+    from swarm_contracts.jobs import JobRecord
+    from swarm_contracts.registry import ForkCheckpoint
+    from swarm_registry.forks import pin
+
+    expected, _ = reference
+    store = reference_store
+    fork_id = "job-dddddddddddddddddddd"
+    source = JobRecord(
+        job_id=REFERENCE,
+        tenant="default",
+        spec=make_assignment(store, tiny_model_dir, training=TRAINING, lora=LORA).spec,
+        attempt=1,
+    )
+    request = ForkCheckpoint(job_id=fork_id, tenant="default", source=f"{REFERENCE}@4")
+    fork = pin(store, source, 4, request)
+    assert (fork.attempt, fork.step, fork.optimizer) == (1, 4, False)
+    # One small step: the weights barely move from where they started.
+    training = TRAINING | {"max_steps": 1, "lr": 1e-6, "warmup_steps": 0, "eval_every": 1}
+    job = make_assignment(
+        store, tiny_model_dir, job_id=fork_id, training=training, lora=LORA
+    ).model_copy(update={"fork": fork})
+    settings = Settings(store_url=store.url, work_dir=tmp_path / "work")
+    queue = Queue()
+    result = run_job(job, settings, store, progress=queue)
+    assert isinstance(result, RunResult)
+    messages = drain(queue)
+    assert resumed_from(messages) == [0]
+    # The same first batch as the reference's step 1, on weights four steps further on.
+    assert losses_by_step(messages)[1] < expected[1]
+
+    start = load_file(store.root / fork.store_key / "adapter_model.safetensors")
+    trained = load_file(store.root / result.adapter_key / "adapter_model.safetensors")
+    assert start.keys() == trained.keys()
+    b_matrices = [name for name in start if "lora_B" in name]
+    assert b_matrices
+    for name in b_matrices:
+        assert start[name].abs().sum() > 0, name
+        assert (trained[name] - start[name]).norm() < 0.01 * start[name].norm(), name
