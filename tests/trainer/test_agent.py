@@ -390,7 +390,11 @@ async def test_an_agent_that_missed_the_pause_request_hands_the_job_back_at_its_
         PAUSE_REASON,
         None,
     )
-    assert job.job_id not in agent.active  # let go: the worker is free
+    for _ in range(50):  # let go (just after the event went out): the worker is free
+        if job.job_id not in agent.active:
+            break
+        await asyncio.sleep(0.1)
+    assert job.job_id not in agent.active
     active.task.cancel()
 
     # An assignment whose record already asks for the pause is taken, to be handed back.

@@ -612,7 +612,7 @@ class TrainerAgent:
             # A run that failed after its lease lapsed (a frozen machine, an outage) must not
             # add a final event to a job that a newer attempt now runs.
             with contextlib.suppress(Exception):
-                await self._stop_if_superseded(active)
+                await self._stop_if_superseded(active, hand_back=False)
             if active.cancel_requested:
                 await self._report_stopped(active)
             elif not (active.superseded or active.reported):
@@ -707,7 +707,8 @@ class TrainerAgent:
     async def _conclude(self, active: ActiveJob, result: RunResult | ReplayReport | None) -> None:
         """The attempt's terminal event, if it is still the job's current attempt."""
         job = active.job
-        await self._stop_if_superseded(active)
+        # The run is over: a pause asked meanwhile has nothing left to hand back.
+        await self._stop_if_superseded(active, hand_back=False)
         if active.superseded:
             # The scheduler already told the job's followers (requeued, ...): a terminal
             # event from this attempt would only mislead them.
@@ -728,12 +729,14 @@ class TrainerAgent:
         else:
             await self._finish(active, result)
 
-    async def _stop_if_superseded(self, active: ActiveJob) -> None:
+    async def _stop_if_superseded(self, active: ActiveJob, hand_back: bool = True) -> None:
         """Cancel our run once the job record no longer gives this attempt to this worker.
 
         That happens when our lease lapsed (the machine was frozen or cut off) and the
         scheduler requeued the job; a newer attempt runs elsewhere, and ours only burns a
-        worker. Its late events and its adapter are refused anyway (fenced by attempt)."""
+        worker. Its late events and its adapter are refused anyway (fenced by attempt).
+        Also carries out a cancel or, while the run goes on (``hand_back``), a pause whose
+        message never reached us."""
         if active.superseded:
             return
         job = active.job
@@ -746,7 +749,7 @@ class TrainerAgent:
             if status.cancel_requested and not active.cancel_requested:
                 # The scheduler's cancel message (core NATS) did not reach us.
                 await self._request_cancel(active, "cancelled by request")
-            elif status.release_requested and active.release_reason is None:
+            elif hand_back and status.release_requested and active.release_reason is None:
                 # Nor its request to hand the job back (a pause).
                 await self._request_release(active, PAUSE_REASON)
             return
