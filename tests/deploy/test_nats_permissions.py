@@ -16,6 +16,8 @@ import nats.errors
 import pytest
 
 from swarm_contracts.envelope import envelope
+from swarm_contracts.events import PauseRequest
+from swarm_contracts.jobs import JobSpec, JobSubmission, job_id_for
 from swarm_contracts.replies import Reply
 from swarm_contracts.subjects import Subjects
 from swarm_contracts.workers import Heartbeat, Resources, WorkerBenchmark
@@ -110,6 +112,52 @@ async def denied(nc: nats.NATS, errors: list[str], subject: str) -> bool:
     return any(expected in e.lower() for e in errors)
 
 
+async def pause_resume_and_fork(
+    c: httpx.AsyncClient, secured_nats: str, job_id: str, dataset: str
+) -> None:
+    """Gateway -> scheduler on the control stream: a pause (published as the gateway user:
+    the API pauses only a running job, and a queued one is paused at once) and a resume;
+    scheduler -> registry: a job forking a checkpoint of that job, which never ran (the
+    gateway refuses it up front, so it comes over NATS): the registry's refusal, not a
+    permission error, fails it."""
+
+    async def state_of(job: str, wanted: str) -> str | None:
+        state = None
+        for _ in range(100):
+            found = await c.get(f"/v1/jobs/{job}")
+            state = found.json()["state"] if found.status_code == 200 else None
+            if state == wanted:
+                break
+            await asyncio.sleep(0.1)
+        return state
+
+    control, control_errors = await connect(secured_nats, "gateway")
+    try:
+        pause = envelope("gateway", "swarm.job.pause", PauseRequest(job_id=job_id))
+        await control.jetstream().publish(
+            f"swarm.jobs.{job_id}.pause", pause.model_dump_json().encode()
+        )
+        assert await state_of(job_id, "paused") == "paused"
+        resumed = await c.post(f"/v1/jobs/{job_id}/resume")
+        assert resumed.status_code == 202, resumed.text
+        assert await state_of(job_id, "queued") == "queued"
+
+        fork_id = job_id_for("default", "fork")
+        spec = JobSpec(
+            name="bot", base_model="tiny", dataset=dataset, from_checkpoint=f"{job_id}@1"
+        )
+        submit = envelope("gateway", "swarm.job.submit", JobSubmission(spec=spec, job_id=fork_id))
+        await control.jetstream().publish(
+            "swarm.jobs.submit", submit.model_dump_json().encode(), headers={"Nats-Msg-Id": "f"}
+        )
+        assert await state_of(fork_id, "failed") == "failed"
+        forked = (await c.get(f"/v1/jobs/{fork_id}")).json()
+        assert "never ran" in forked["reason"], forked
+    finally:
+        await control.close()
+    assert not control_errors
+
+
 async def test_services_work_and_are_fenced(secured_nats: str, tmp_path: Path) -> None:
     from swarm_registry.app import build_app as build_registry
     from swarm_scheduler.app import build_app as build_scheduler
@@ -164,6 +212,8 @@ async def test_services_work_and_are_fenced(secured_nats: str, tmp_path: Path) -
         assert ftjob.json()["status"] == "queued", ftjob.text
         listed = (await c.get("/v1/fine_tuning/jobs")).json()["data"]
         assert ftjob.json()["id"] in {j["id"] for j in listed}
+
+        await pause_resume_and_fork(c, secured_nats, job_id, ds)
 
         # Gateway -> sweeps (submit stream) -> scheduler: the sweep's trials are queued jobs.
         search = {"training.lr": {"type": "log_uniform", "low": 1e-4, "high": 1e-2}}
