@@ -98,6 +98,8 @@ REGISTER_TIMEOUT_S = 60.0
 # cancel (or a hand-back of an attempt that has trained nothing yet) reported without waiting
 # for Ray to finish.
 STOP_S = 2.0
+# How long a worker that shuts down waits for the scheduler to take its hand-backs in.
+TAKEN_BACK_WAIT_S = 10.0
 
 
 def default_worker_id() -> str:
@@ -273,15 +275,17 @@ class TrainerAgent:
         with contextlib.suppress(Exception):
             await self._send_heartbeat()
         reason = "worker shutting down"
-        for active in list(self.active.values()):
+        handing_back = list(self.active.values())
+        for active in handing_back:
             await self._request_release(active, reason)
         # Each until its run has stopped, or its hand-back went out (``_enforce_stop``).
-        running = [a.stopper for a in self.active.values() if a.stopper is not None]
+        running = [a.stopper for a in handing_back if a.stopper is not None]
         if running:
             log.info("handing back %d job(s) before exiting", len(running))
             _, late = await asyncio.wait(running, timeout=self.settings.shutdown_grace_s)
             if late:
                 log.warning("%d job(s) did not stop in time; left to the scheduler", len(late))
+        await self._until_taken_back([a for a in handing_back if a.reported])
         tasks = [
             t
             for t in [
@@ -299,6 +303,26 @@ class TrainerAgent:
         # a Ray connection the agent found (a test's, an embedding process's) is left alone.
         if self._own_ray:
             await asyncio.to_thread(_shutdown_ray)
+
+    async def _until_taken_back(self, handed_back: list[ActiveJob]) -> None:
+        """Until the scheduler has taken these hand-backs in (its records no longer give the
+        jobs to this worker), ``TAKEN_BACK_WAIT_S`` at most. The goodbye that follows is a
+        core NATS message and the ``released`` events went through a stream: the goodbye
+        may well be read first, and it would then take the jobs back as left behind rather
+        than as handed back from their checkpoints."""
+        deadline = time.monotonic() + TAKEN_BACK_WAIT_S
+        pending = list(handed_back)
+        while pending and time.monotonic() < deadline:
+            still = []
+            for active in pending:
+                try:
+                    if (await self._status(active.job)).holds:
+                        still.append(active)
+                except Exception:  # cannot tell (NATS or the scheduler down): the goodbye decides
+                    log.warning("could not ask about %s", active.job.job_id, exc_info=True)
+            pending = still
+            if pending:
+                await asyncio.sleep(0.2)
 
     # --- self-benchmark ------------------------------------------------------------------
 
