@@ -49,9 +49,11 @@ from swarm_contracts.jobs import AdapterRef, JobRecord, JobState, utcnow
 from swarm_contracts.layout import CHECKPOINTS_KEPT
 from swarm_contracts.providers import read_credentials, token_digest
 from swarm_contracts.registry import AdapterVersion, Lineage, RegisterAdapter
+from swarm_contracts.registry_api import REGISTER_ADAPTER
 from swarm_contracts.subjects import Subjects
 from swarm_contracts.verification import ReplayReport
 from swarm_contracts.workers import (
+    ATTEMPT,
     CACHED_MODELS_MAX,
     Assignment,
     AttemptQuery,
@@ -779,7 +781,7 @@ class TrainerAgent:
         provider's, which may read no job records."""
         query = AttemptQuery(job_id=job.job_id, attempt=job.attempt)
         if self.jobs is None:
-            return await self.scheduler.call("attempt", query, AttemptStatus)
+            return await self.scheduler.call(ATTEMPT, query)
         found = await self.jobs.get(job.job_id)
         return AttemptStatus.of(found[0] if found else None, query, self.worker_id)
 
@@ -939,7 +941,7 @@ class TrainerAgent:
             ):
                 with attempt:
                     # The request carries the current span: the registry's join the job's trace.
-                    return await registry.call("adapters.register", request, AdapterVersion)
+                    return await registry.call(REGISTER_ADAPTER, request)
         except Refused as exc:
             raise RegistrationError(f"registry refused the adapter: {exc.message}") from exc
         raise AssertionError("unreachable: tenacity reraises the last error")

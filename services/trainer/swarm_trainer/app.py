@@ -13,7 +13,7 @@ from faststream.nats import JStream, PullSub
 from swarm_contracts.envelope import CloudEvent
 from swarm_contracts.events import CancelRequest
 from swarm_contracts.providers import read_credentials
-from swarm_contracts.registry import ExportAdapter, ExportResult
+from swarm_contracts.registry import EXPORT_ADAPTER, ExportAdapter, ExportResult
 from swarm_contracts.replies import Reply
 from swarm_contracts.workers import (
     Assignment,
@@ -97,7 +97,7 @@ def build_app(settings: Settings) -> FastStream:
             registry = ServiceClient(broker.connection, "registry", subjects.registry, timeout=10.0)
             return await answer(Reply[ExportResult], export_registered(registry, store, request))
 
-        broker.subscriber(subjects.trainer("export"), queue="trainer-export")(on_export)
+        broker.subscriber(subjects.trainer(EXPORT_ADAPTER.name), queue="trainer-export")(on_export)
 
     app = FastStream(
         broker,
