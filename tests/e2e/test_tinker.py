@@ -3,6 +3,8 @@ the stack's trainer, driven call by call over the gateway's Tinker API."""
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 import tinker
@@ -33,9 +35,9 @@ def _logprobs(client: tinker.TrainingClient) -> list[float]:
 
 def test_the_stock_sdk_trains_a_lora_session_and_its_state_round_trips(stack: Stack) -> None:
     service = tinker.ServiceClient(base_url=stack.local.gateway_url, api_key="tml-local")
-    training = service.create_lora_training_client(
-        base_model="tiny-llama", rank=4, seed=0
-    ).result(timeout=120)
+    training = service.create_lora_training_client(base_model="tiny-llama", rank=4, seed=0).result(
+        timeout=120
+    )
     assert training.get_info().lora_rank == 4
 
     losses = []
@@ -47,7 +49,7 @@ def test_the_stock_sdk_trains_a_lora_session_and_its_state_round_trips(stack: St
         step.result(timeout=60)
         assert len(out.loss_fn_outputs[0]["logprobs"].tolist()) == len(TOKENS) - 1
         losses.append(out.metrics["loss:sum"])
-    assert losses[-1] < 0.8 * losses[0], losses
+    assert all(b < a for a, b in itertools.pairwise(losses)), losses
 
     saved = training.save_state("after-4").result(timeout=60).path
     assert saved == f"tinker://{training.model_id}/weights/after-4"

@@ -96,7 +96,9 @@ class TrainingSession:
             if backward:
                 total.backward()
                 self.has_grads = True
-        return SessionResult(outputs=outputs, metrics={"loss:sum": float(total.detach())}, step=self.step)
+        return SessionResult(
+            outputs=outputs, metrics={"loss:sum": float(total.detach())}, step=self.step
+        )
 
     def optim_step(self, adam: AdamStep) -> SessionResult:
         if not self.has_grads:

@@ -37,7 +37,11 @@ from swarm_gateway.tinker.records import (
     SessionRecord,
     model_token,
 )
-from swarm_gateway.tinker.wire import WireError, decode_forward_backward, encode_forward_backward_output
+from swarm_gateway.tinker.wire import (
+    WireError,
+    decode_forward_backward,
+    encode_forward_backward_output,
+)
 from swarm_runtime.records import RecordTable
 from swarm_runtime.rpc import Refused
 
@@ -255,9 +259,7 @@ async def get_info(body: GetInfoBody, t: T, tenant: Tenant) -> dict[str, Any]:
 @router.post("/forward_backward")
 async def forward_backward(request: Request, t: T, tenant: Tenant) -> dict[str, str]:
     try:
-        fwd = decode_forward_backward(
-            await request.body(), request.headers.get("content-encoding")
-        )
+        fwd = decode_forward_backward(await request.body(), request.headers.get("content-encoding"))
     except WireError as exc:
         raise HTTPException(status.HTTP_400_BAD_REQUEST, detail=str(exc)) from exc
     if fwd.loss_fn not in LOSSES:
@@ -378,9 +380,7 @@ def _answer(future: FutureRecord) -> Response | dict[str, Any]:
         return {"error": future.error or "failed", "category": future.category or "server"}
     result: SessionResult = future.result
     if future.op in ("forward", "forward_backward"):
-        return Response(
-            encode_forward_backward_output(result), media_type="application/x-protobuf"
-        )
+        return Response(encode_forward_backward_output(result), media_type="application/x-protobuf")
     if future.op == "create":
         return {"type": "create_model", "model_id": future.model_id}
     if future.op == "optim_step":
@@ -440,8 +440,10 @@ def _store_key(record: ModelRecord, kind: str, name: str) -> str:
 
 def _parse_path(path: str) -> tuple[str, str, str]:
     parts = path.removeprefix("tinker://").split("/")
-    if not path.startswith("tinker://") or len(parts) != 3 or not _CHECKPOINT_NAME.fullmatch(
-        parts[2]
+    if (
+        not path.startswith("tinker://")
+        or len(parts) != 3
+        or not _CHECKPOINT_NAME.fullmatch(parts[2])
     ):
         raise HTTPException(
             status.HTTP_400_BAD_REQUEST, detail="path: not tinker://<model_id>/<kind>/<name>"

@@ -11,6 +11,7 @@ its deadline (the worker or this gateway died mid-call) reads as failed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -77,10 +78,8 @@ class Calls:
         if event is None:
             await asyncio.sleep(min(timeout, 0.5))
             return
-        try:
+        with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(event.wait(), timeout)
-        except TimeoutError:
-            pass
 
     async def _on_reply(self, msg: Msg) -> None:
         request_id = msg.subject.rsplit(".", 1)[-1]

@@ -86,8 +86,10 @@ def _datum(i: int, datum: Any) -> SessionDatum:
         tokens.extend(np.frombuffer(chunk.encoded_text.tokens, dtype=np.int32).tolist())
     if not tokens:
         raise WireError(f"data[{i}].model_input: no tokens")
-    inputs = {name: _tensor(f"data[{i}].loss_fn_inputs.{name}", t) for name, t in
-              datum.loss_fn_inputs.items()}
+    inputs = {
+        name: _tensor(f"data[{i}].loss_fn_inputs.{name}", t)
+        for name, t in datum.loss_fn_inputs.items()
+    }
     return SessionDatum(tokens=tokens, inputs=inputs)
 
 
