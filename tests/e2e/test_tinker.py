@@ -4,6 +4,7 @@ the stack's trainer, driven call by call over the gateway's Tinker API."""
 from __future__ import annotations
 
 import itertools
+import time
 
 import numpy as np
 import pytest
@@ -33,7 +34,16 @@ def _logprobs(client: tinker.TrainingClient) -> list[float]:
     return values
 
 
+def _wait_for_the_trainer(stack: Stack) -> None:
+    # The stack answers before its trainer (Ray, torch) is up: a session needs one.
+    deadline = time.monotonic() + 180
+    while not any(w.state == "alive" for w in stack.client.workers()):
+        assert time.monotonic() < deadline, "the stack's trainer never came up"
+        time.sleep(0.5)
+
+
 def test_the_stock_sdk_trains_a_lora_session_and_its_state_round_trips(stack: Stack) -> None:
+    _wait_for_the_trainer(stack)
     service = tinker.ServiceClient(base_url=stack.local.gateway_url, api_key="tml-local")
     training = service.create_lora_training_client(base_model="tiny-llama", rank=4, seed=0).result(
         timeout=120

@@ -55,7 +55,7 @@ class TrainingSession:
         config = LoraConfig(
             r=spec.rank, lora_alpha=spec.rank, lora_dropout=0.0, target_modules=targets
         )
-        self.model: PeftModel = get_peft_model(base, config).to(self.device)  # type: ignore[assignment]
+        self.model: PeftModel = get_peft_model(base, config).to(self.device)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=1e-4)
         self.step = 0

@@ -3,8 +3,9 @@
 Calls arrive on ``swarm.workers.<this worker>.sessions.<session>`` (request/reply from the
 gateway). The subscriber takes one message at a time, so a session's calls run in the order the
 gateway sent them, which is the SDK's ``seq_id`` order (the SDK sends a session's next call only
-once the gateway has accepted the previous one); a call whose ``seq_id`` is not the next one is
-refused rather than run out of order. A session no call touched for ``session_idle_s`` is
+once the gateway has accepted the previous one); a call whose ``seq_id`` is not above the last
+one run is refused rather than run out of order (ids may skip: a call the gateway refused never
+arrives). A session no call touched for ``session_idle_s`` is
 closed.
 """
 
@@ -27,7 +28,7 @@ log = logging.getLogger(__name__)
 class Held:
     tenant: str
     session: object  # a swarm_trainer.session.TrainingSession (torch: imported on first use)
-    next_seq: int = 1
+    last_seq: int = 0
     last_used: float = field(default_factory=time.monotonic)
 
 
@@ -48,9 +49,9 @@ class SessionHost:
         if call.op == "close":
             del self.held[call.session]
             return SessionResult()
-        if call.seq_id != held.next_seq:
-            raise Refused(f"seq_id: {call.seq_id} out of order, expected {held.next_seq}")
-        held.next_seq += 1
+        if call.seq_id <= held.last_seq:
+            raise Refused(f"seq_id: {call.seq_id} out of order, after {held.last_seq}")
+        held.last_seq = call.seq_id
         held.last_used = time.monotonic()
         return await asyncio.to_thread(self._run, held, call)
 
