@@ -45,6 +45,10 @@ def datum(tokens: list[int]) -> types.Datum:
 
 
 def in_process(model_dir: Path, tokens: list[int], steps: int) -> list[float]:
+    import torch
+
+    # As the stack's trainer runs it (SWARM_TRAINER_CPUS=1): one thread, not every core.
+    torch.set_num_threads(1)
     ref = ModelRef(name="tiny-llama", version=1, store_key="-", digest="-")
     session = TrainingSession(CreateSession(base_model=ref, rank=4, seed=0), model_dir)
     data = [
