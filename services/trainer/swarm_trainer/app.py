@@ -15,6 +15,7 @@ from swarm_contracts.events import CancelRequest
 from swarm_contracts.providers import read_credentials
 from swarm_contracts.registry import EXPORT_ADAPTER, ExportAdapter, ExportResult
 from swarm_contracts.replies import Reply
+from swarm_contracts.sessions import SessionCall, SessionResult
 from swarm_contracts.workers import (
     Assignment,
     BenchmarkRequest,
@@ -28,6 +29,7 @@ from swarm_runtime.settings import Settings, absolute
 from swarm_runtime.tracing import setup_tracing, tracer_of
 from swarm_trainer.agent import SERVICE, TrainerAgent
 from swarm_trainer.metrics import TrainerMetrics
+from swarm_trainer.sessions_host import SessionHost
 
 
 def build_app(settings: Settings) -> FastStream:
@@ -83,6 +85,14 @@ def build_app(settings: Settings) -> FastStream:
     async def on_benchmark(request: BenchmarkRequest) -> Reply[WorkerBenchmark]:
         return await answer(Reply[WorkerBenchmark], agent.benchmark_requested(request))
 
+    # Tinker training sessions held here (swarm_trainer.sessions_host): the gateway's calls, on
+    # this worker's own subject, one at a time (their order is the session's).
+    sessions = SessionHost(agent.store, agent.cache, settings.session_idle_s)
+
+    @broker.subscriber(subjects.worker_session(agent.worker_id))
+    async def on_session_call(call: SessionCall) -> Reply[SessionResult]:
+        return await answer(Reply[SessionResult], sessions.call(call))
+
     store = agent.store
     if agent.provider is None and store is not None:
         # Any of the cluster's agents can merge (it writes the store): a queue group spreads
@@ -109,6 +119,7 @@ def build_app(settings: Settings) -> FastStream:
     app.context.set_global("tracer_provider", tracing)  # tests add their span exporter to it
     app.context.set_global("metrics_server", metrics_server)
     app.agent = agent  # type: ignore[attr-defined]  # for tests and introspection
+    app.sessions = sessions  # type: ignore[attr-defined]
     return app
 
 
