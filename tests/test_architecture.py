@@ -7,6 +7,8 @@
 * The SDK imports the contracts and nothing of the services' runtime, and ``pip install``
   of it brings none of the runtime's packages (checked in a fresh virtual environment).
 * No two modules of a package import each other, directly or round a circle.
+* What a job event or state means is said once, in ``swarm_contracts.events`` and ``.jobs``:
+  no list of their names anywhere else (Python or the dashboard's JS), every set derived.
 """
 
 from __future__ import annotations
@@ -19,6 +21,9 @@ import tomllib
 from pathlib import Path
 
 import pytest
+
+from swarm_contracts.events import JOB_EVENTS
+from swarm_contracts.jobs import JobState
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVICES = sorted(p.parent.name for p in (ROOT / "services").glob("*/pyproject.toml"))
@@ -239,6 +244,82 @@ def test_no_import_circles_within_a_package(package: Path) -> None:
 def test_an_import_circle_is_found() -> None:
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert import_circles(graph) == [["a", "b", "c"]]
+
+
+# --- meaning in one place ---------------------------------------------------------------
+
+# Job events and job states share names (an event is often named for the state it leaves).
+LIFECYCLE_NAMES = frozenset(JOB_EVENTS) | {s.value for s in JobState}
+# Everything but the contracts, which say it, and the tests, which check it.
+MEANING_USERS = ("services", "sdk", "libs/runtime", "tools", "bench")
+JS_STRING_LIST = re.compile(
+    r"""\[\s*((?:"[^"]*"|'[^']*')(?:\s*,\s*(?:"[^"]*"|'[^']*'))+)\s*,?\s*\]"""
+)
+
+
+def source_files(suffix: str) -> list[Path]:
+    return sorted(
+        path
+        for top in MEANING_USERS
+        for path in (ROOT / top).rglob(f"*{suffix}")
+        if not any(part.endswith(".egg-info") or part in ("build", ".venv") for part in path.parts)
+    )
+
+
+def listed_names_py(source: str) -> list[tuple[int, list[str]]]:
+    """Literal tuples, lists, sets and dict keys of two or more job event or state names."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Tuple | ast.List | ast.Set):
+            items: list[ast.expr | None] = list(node.elts)
+        elif isinstance(node, ast.Dict):
+            items = list(node.keys)
+        else:
+            continue
+        names = [i.value for i in items if isinstance(i, ast.Constant) and isinstance(i.value, str)]
+        if len(items) >= 2 and len(names) == len(items) and set(names) <= LIFECYCLE_NAMES:
+            found.append((node.lineno, names))
+    return found
+
+
+def listed_names_js(source: str) -> list[list[str]]:
+    """Array literals of two or more job event or state names."""
+    found = []
+    for match in JS_STRING_LIST.finditer(source):
+        names = [n[1:-1] for n in re.findall(r""""[^"]*"|'[^']*'""", match.group(1))]
+        if set(names) <= LIFECYCLE_NAMES:
+            found.append(names)
+    return found
+
+
+def test_no_hand_kept_list_of_job_events_or_states() -> None:
+    """Which events end a job, who sends them, the state each leaves: ``EventMeaning`` on each
+    event class, ``JobState.terminal``; everyone else derives their sets from those (the
+    dashboard reads them from ``/dashboard/lifecycle.json``)."""
+    bad = {
+        str(path.relative_to(ROOT)): listed
+        for path in source_files(".py")
+        if (listed := listed_names_py(path.read_text()))
+    }
+    bad |= {
+        str(path.relative_to(ROOT)): listed
+        for path in source_files(".js")
+        if (listed := listed_names_js(path.read_text()))
+    }
+    assert not bad, f"derive these from swarm_contracts.events / JobState instead: {bad}"
+
+
+def test_a_hand_kept_list_is_found() -> None:
+    assert listed_names_py('if e in ("succeeded", "failed"):\n    pass\n') == [
+        (1, ["succeeded", "failed"])
+    ]
+    assert listed_names_py('STATE = {"queued": 1, "running": 2}') == [(1, ["queued", "running"])]
+    # A list that holds other names too is another thing (OpenAI's statuses, say).
+    assert listed_names_py('S = ("validating_files", "queued")') == []
+    assert listed_names_js('const T = new Set(["succeeded", "failed"]);') == [
+        ["succeeded", "failed"]
+    ]
+    assert listed_names_js('["pending", "queued"]') == []
 
 
 # --- a fresh install ------------------------------------------------------------------------

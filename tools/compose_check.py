@@ -37,6 +37,8 @@ from typing import Any
 
 import yaml
 
+from swarm_contracts.jobs import JobState
+
 ROOT = Path(__file__).resolve().parents[1]
 CHECK_DIR = ROOT / "deploy" / "compose-check"
 COMPOSE_FILES = (ROOT / "docker-compose.yml", CHECK_DIR / "override.yml")
@@ -429,7 +431,7 @@ def job_spec(path: Path, name: str, train: str, val: str, steps: int) -> Path:
     return path
 
 
-TERMINAL = ("succeeded", "failed", "cancelled")
+TERMINAL = tuple(s.value for s in JobState if s.terminal)
 
 
 def wait_job(job_id: str, timeout: float, until: Sequence[str] = ()) -> dict[str, Any]:

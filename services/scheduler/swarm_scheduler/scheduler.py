@@ -31,6 +31,7 @@ from swarm_contracts.events import (
     Queued,
     Released,
     Requeued,
+    sent_by_worker,
 )
 from swarm_contracts.jobs import JobRecord, JobState, JobSubmission, job_id_for, utcnow
 from swarm_contracts.memory_estimate import estimate_memory
@@ -79,8 +80,6 @@ REASON_AFTER_S = 1.0
 RELEASE_RESEND_S = 5.0
 # A liveness check that comes this much later than asked found the scheduler itself paused.
 LIVENESS_PAUSE_S = 1.0
-# Job events only the scheduler sends: from a worker they are refused.
-SCHEDULER_EVENTS = frozenset({"queued", "assigned", "requeued", "verified"})
 
 
 def _fence(
@@ -293,7 +292,7 @@ class Scheduler:
         for everyone else (gateway, telemetry, sweeps), only if that worker holds the job's
         current attempt and ``token`` (the event's attempt token header) is the one that
         attempt's assignment carried; anything else is refused, logged, and goes nowhere."""
-        if event.event in SCHEDULER_EVENTS:
+        if not sent_by_worker(event):
             self._refuse(event, worker_id, "only the scheduler sends this kind of event")
             return
         if self.view.finished(event.job_id):

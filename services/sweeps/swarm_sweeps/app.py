@@ -15,7 +15,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from pydantic import Field
 
 from swarm_contracts.envelope import CloudEvent
-from swarm_contracts.events import AnyJobEvent
+from swarm_contracts.events import TERMINAL_EVENTS, AnyJobEvent, Started, Validated, named
 from swarm_contracts.subjects import Subjects
 from swarm_contracts.sweeps import SweepCancelRequest, SweepSubmission
 from swarm_runtime.broker import make_broker
@@ -30,7 +30,7 @@ JobEventEnvelope = CloudEvent[Annotated[AnyJobEvent, Field(discriminator="event"
 # A follower that still got a message gives it back for the leader after this long.
 FOLLOWER_NACK_DELAY_S = 0.5
 # The job events a sweep acts on; the others (progress, checkpoints, ...) are acked unread.
-TRIAL_EVENTS = frozenset({"started", "validated", "succeeded", "failed", "cancelled"})
+TRIAL_EVENTS = named(Started, Validated) | TERMINAL_EVENTS
 
 
 def _work_queue(

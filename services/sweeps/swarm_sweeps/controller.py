@@ -242,7 +242,7 @@ class Controller:
                 await self._started(live, n)
             elif isinstance(event, Validated):
                 await self._evaluated(live, n, event)
-            elif event.event in ("succeeded", "failed", "cancelled"):
+            elif event.meaning.terminal:
                 await self._job_ended(live, n, event.attempt)
             if sweep_id in self.live:
                 await self._advance(live)
