@@ -13,8 +13,7 @@ import hashlib
 import logging
 import secrets
 import time
-import uuid
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Iterable
 from datetime import timedelta
 
 from faststream.nats import NatsBroker
@@ -48,7 +47,7 @@ from swarm_contracts.workers import (
     WorkerOps,
 )
 from swarm_runtime.broker import publish_job_event
-from swarm_runtime.leader import Leadership
+from swarm_runtime.leader import Lead
 from swarm_runtime.records import Conflict, RecordTable
 from swarm_runtime.rpc import Unavailable
 from swarm_runtime.settings import Settings
@@ -119,18 +118,15 @@ class Scheduler:
         self._started_at = time.monotonic()
         # Whether this leadership term has marked the workers it never heard from as lost.
         self._unheard_checked = False
-        self.holder = f"scheduler-{uuid.uuid4().hex[:8]}"
-        self.leadership: Leadership | None = None
-        # Called with True/False as this process gains or loses leadership (the app starts and
-        # stops its stream consumers there).
-        self.on_leadership: Callable[[bool], object] | None = None
+        # The app gives it the stream consumers only the leader runs.
+        self.lead = Lead(SERVICE, self._leadership_changed)
         # Set by the app (swarm_scheduler.app); no-ops for a bare Scheduler.
         self.tracer: Tracer = NoOpTracer()
         self.metrics: SchedulerMetrics | None = None
 
     @property
     def leading(self) -> bool:
-        return self.leadership is not None and self.leadership.leading
+        return self.lead.leading
 
     # --- start and stop ----------------------------------------------------------------
 
@@ -146,15 +142,7 @@ class Scheduler:
         # Rebuild the view before serving: a restarted scheduler picks up where it left.
         await self.view.load(await kv_bucket(js, self.subjects, "jobs"))
         self._started_at = time.monotonic()
-        leader_kv = await kv_bucket(js, self.subjects, "leader")
-        self.leadership = Leadership(
-            leader_kv,
-            "scheduler",
-            self.holder,
-            self.settings.leader_lease_s,
-            self._leadership_changed,
-        )
-        await self.leadership.tick()  # decided before the consumers start
+        await self.lead.prepare(js, self.subjects, self.settings.leader_lease_s)
 
     async def _leadership_changed(self, leading: bool) -> None:
         if leading:
@@ -164,14 +152,9 @@ class Scheduler:
             self.leases.restart()
             self._unheard_checked = False
             self.wake()
-        if self.on_leadership is not None:
-            result = self.on_leadership(leading)
-            if asyncio.iscoroutine(result):
-                await result
 
     async def start(self) -> None:
-        assert self.leadership is not None
-        self.leadership.start()
+        self.lead.start()
         self._tasks = [
             asyncio.create_task(self.view.follow()),
             asyncio.create_task(self.worker_ops.follow()),
@@ -180,8 +163,7 @@ class Scheduler:
         ]
 
     async def stop(self) -> None:
-        if self.leadership is not None:
-            await self.leadership.stop()
+        await self.lead.stop()
         await cancel_and_wait(self._tasks)
         await self.view.close()
         await self.worker_ops.close()
