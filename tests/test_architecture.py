@@ -9,11 +9,15 @@
 * No two modules of a package import each other, directly or round a circle.
 * What a job event or state means is said once, in ``swarm_contracts.events`` and ``.jobs``:
   no list of their names anywhere else (Python or the dashboard's JS), every set derived.
+* A setting lives in the room of whoever reads it: the runtime's shared ``Settings`` holds
+  what the runtime or several services read, a service's own knobs are in its
+  ``swarm_<service>/settings.py``, and each is declared once.
 """
 
 from __future__ import annotations
 
 import ast
+import importlib
 import re
 import subprocess
 import sys
@@ -24,6 +28,7 @@ import pytest
 
 from swarm_contracts.events import JOB_EVENTS
 from swarm_contracts.jobs import JobState
+from swarm_runtime.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVICES = sorted(p.parent.name for p in (ROOT / "services").glob("*/pyproject.toml"))
@@ -320,6 +325,57 @@ def test_a_hand_kept_list_is_found() -> None:
         ["succeeded", "failed"]
     ]
     assert listed_names_js('["pending", "queued"]') == []
+
+
+# --- settings: each in its room ------------------------------------------------------------
+
+
+def service_settings(service: str) -> list[type[Settings]]:
+    """The settings classes of ``swarm_<service>/settings.py`` (none: it has no knob of its own)."""
+    if not (ROOT / "services" / service / f"swarm_{service}" / "settings.py").is_file():
+        return []
+    module = importlib.import_module(f"swarm_{service}.settings")
+    return [
+        c
+        for c in vars(module).values()
+        if isinstance(c, type) and issubclass(c, Settings) and c.__module__ == module.__name__
+    ]
+
+
+def settings_read(package: Path) -> set[str]:
+    """Fields read as ``<...settings>.<field>`` in the package (``self.<field>`` in a settings
+    module: a setting derived from another)."""
+    read: set[str] = set()
+    for path in package.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute):
+                owner = node.value
+                name = owner.id if isinstance(owner, ast.Name) else getattr(owner, "attr", "")
+                if "settings" in name.lower() or (path.name == "settings.py" and name == "self"):
+                    read.add(node.attr)
+    return read
+
+
+def test_each_setting_is_declared_once_in_the_room_of_who_reads_it() -> None:
+    shared = set(Settings.model_fields)
+    runtime_reads = settings_read(ROOT / "libs" / "runtime" / "swarm_runtime")
+    reads = {s: settings_read(ROOT / "services" / s / f"swarm_{s}") for s in SERVICES}
+    declared: dict[str, str] = {}
+    for service in SERVICES:
+        for cls in service_settings(service):
+            own = set(cls.model_fields) - shared
+            assert set(cls.model_fields) >= shared, f"{cls.__name__} must extend the shared ones"
+            twice = {f for f in own if f in declared}
+            assert not twice, f"{service} declares {twice} again ({declared})"
+            declared |= dict.fromkeys(own, service)
+            unread = own - reads[service]
+            assert not unread, f"{service} declares settings it never reads: {unread}"
+    for field in shared:
+        readers = {s for s, r in reads.items() if field in r}
+        assert field in runtime_reads or len(readers) >= 2, (
+            f"only {readers or 'nobody'} reads the shared setting {field}: move it to its room"
+        )
+    assert declared, "no service settings found: the scan checks nothing"
 
 
 # --- a fresh install ------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from swarm_contracts.events import MEANINGS
 from swarm_contracts.jobs import JobState
 from swarm_gateway import dashboard
 from swarm_gateway.app import create_app
-from swarm_runtime.settings import Settings
+from swarm_gateway.settings import GatewaySettings
 
 GATEWAY = Path(__file__).resolve().parents[2] / "services" / "gateway"
 
@@ -21,7 +21,7 @@ GATEWAY = Path(__file__).resolve().parents[2] / "services" / "gateway"
 @pytest.fixture(scope="module")
 def client() -> TestClient:
     # No `with`: the lifespan (NATS) is not needed to serve static files, and must not be.
-    return TestClient(create_app(Settings(api_keys="k=acme")))
+    return TestClient(create_app(GatewaySettings(api_keys="k=acme")))
 
 
 @pytest.mark.parametrize("path", ["/", "/dashboard"])

@@ -168,7 +168,23 @@ def test_raycluster_validation_catches_a_bad_field(
 
 # --- settings: what each service reads is set --------------------------------------------
 
-FIELDS = set(Settings.model_fields)
+
+def settings_classes() -> list[type[Settings]]:
+    """The shared settings and each service's own (``swarm_<service>.settings``)."""
+    found: list[type[Settings]] = [Settings]
+    for service in SERVICES:
+        if (ROOT / "services" / service / f"swarm_{service}" / "settings.py").is_file():
+            module = importlib.import_module(f"swarm_{service}.settings")
+            found += [
+                c
+                for c in vars(module).values()
+                if isinstance(c, type) and issubclass(c, Settings) and c is not Settings
+            ]
+    return found
+
+
+FIELD_INFO = {name: info for cls in settings_classes() for name, info in cls.model_fields.items()}
+FIELDS = set(FIELD_INFO)
 PACKAGE_ROOTS = {"swarm_runtime": ROOT / "libs" / "runtime" / "swarm_runtime"}
 # Read by every service, and wrong in a cluster whatever their default: NATS there has one
 # user per service (deploy/nats/nats-auth.conf), the store is S3 (keys), JetStream has three
@@ -225,7 +241,7 @@ def settings_read_by(service: str) -> set[str]:
 def single_machine_default(field: str) -> bool:
     """A default that only works with everything on one machine: a loopback address (another
     pod is never there) or a local directory store (not shared between pods)."""
-    default = Settings.model_fields[field].default
+    default = FIELD_INFO[field].default
     return isinstance(default, str) and (
         "127.0.0.1" in default or "localhost" in default or default.startswith("file://")
     )

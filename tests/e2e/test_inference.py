@@ -304,9 +304,9 @@ def test_bad_requests_get_a_4xx_in_openais_error_shape(
 def test_another_tenants_adapter_is_not_found(stack: Stack, adapters: dict[str, Path]) -> None:
     """A second gateway with API keys, on the same NATS, registry and inference worker."""
     from swarm_gateway.app import create_app
-    from swarm_runtime.settings import Settings
+    from swarm_gateway.settings import GatewaySettings
 
-    settings = Settings(
+    settings = GatewaySettings(
         nats_url=stack.local.nats_url,
         namespace=stack.namespace,
         store_url=stack.local.store_dir.as_uri(),

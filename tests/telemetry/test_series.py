@@ -32,6 +32,7 @@ from swarm_contracts.verification import ReplayReport
 from swarm_runtime.settings import Settings
 from swarm_telemetry import TelemetryService, build_app
 from swarm_telemetry.series import SeriesStore, downsample
+from swarm_telemetry.settings import TelemetrySettings
 
 Publish = Callable[[JobEvent], Awaitable[None]]
 
@@ -199,7 +200,7 @@ async def test_run_serves_http_on_the_configured_port(settings: Settings, publis
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    settings = settings.model_copy(update={"telemetry_port": port, "otel_exporter": "console"})
+    settings = TelemetrySettings.of(settings, telemetry_port=port, otel_exporter="console")
     await publish(progress("job-h", 1))
     service = build_app(settings)
     task = asyncio.create_task(service.run())

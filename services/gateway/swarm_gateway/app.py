@@ -48,6 +48,7 @@ from swarm_gateway.routes import (
     sweeps,
     workers,
 )
+from swarm_gateway.settings import GatewaySettings
 from swarm_gateway.state import Gateway
 from swarm_runtime.broker import make_broker
 from swarm_runtime.prometheus import otlp_bridge
@@ -108,7 +109,9 @@ def create_app(
     request_timeout_s: float = 5.0,
     event_stream_max_s: float | None = None,
 ) -> FastAPI:
-    settings = settings or Settings()
+    """The gateway's app; ``settings`` may be the shared ones (its own read from the
+    environment) or ``GatewaySettings``; none: all from the environment."""
+    settings = GatewaySettings.of(settings or Settings())
     subjects = Subjects(settings.namespace)
     api_keys = parse_api_keys(settings.api_keys, settings.admin_keys)
 

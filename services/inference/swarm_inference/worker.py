@@ -51,9 +51,9 @@ from swarm_inference.json_format import ANY_OBJECT
 from swarm_inference.metrics import InferenceMetrics
 from swarm_inference.replies import Replier
 from swarm_inference.sampling import SamplingParams
+from swarm_inference.settings import InferenceSettings
 from swarm_inference.vllm_backend import VllmEngine
 from swarm_runtime.rpc import Refused, ServiceClient, Unavailable
-from swarm_runtime.settings import Settings
 from swarm_runtime.store import NotFound, open_store
 from swarm_runtime.tasks import cancel_and_wait
 
@@ -101,7 +101,7 @@ class OpenRequest:
 
 
 class InferenceWorker:
-    def __init__(self, settings: Settings, broker: NatsBroker) -> None:
+    def __init__(self, settings: InferenceSettings, broker: NatsBroker) -> None:
         self.settings = settings
         self.broker = broker
         self.subjects = Subjects(settings.namespace)

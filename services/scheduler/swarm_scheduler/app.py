@@ -27,6 +27,7 @@ from swarm_runtime.settings import Settings
 from swarm_runtime.tracing import context_from_headers, setup_tracing, tracer_of
 from swarm_scheduler.metrics import SchedulerMetrics
 from swarm_scheduler.scheduler import Scheduler
+from swarm_scheduler.settings import SchedulerSettings
 
 log = logging.getLogger("swarm.scheduler")
 JobEventEnvelope = CloudEvent[Annotated[AnyJobEvent, Field(discriminator="event")]]
@@ -155,6 +156,9 @@ class Consumers:
 
 
 def build_app(settings: Settings) -> FastStream:
+    """The scheduler's app; ``settings`` may be the shared ones (its own read from the
+    environment) or ``SchedulerSettings``."""
+    settings = SchedulerSettings.of(settings)
     broker = make_broker(settings, "scheduler")
     scheduler = Scheduler(settings, broker)
     # Observability: the job's trace (docs/observability.md) and Prometheus /metrics.

@@ -50,7 +50,6 @@ from swarm_runtime.broker import publish_job_event
 from swarm_runtime.leader import Lead
 from swarm_runtime.records import Conflict, RecordTable
 from swarm_runtime.rpc import Unavailable
-from swarm_runtime.settings import Settings
 from swarm_runtime.tasks import cancel_and_wait
 from swarm_runtime.topology import ensure_topology, kv_bucket
 from swarm_runtime.tracing import child_span, traceparent
@@ -59,6 +58,7 @@ from swarm_scheduler.metrics import SchedulerMetrics
 from swarm_scheduler.parents import resolve_parent
 from swarm_scheduler.placement import HOLDING, plan
 from swarm_scheduler.registry_client import UnknownModel, model_ref, resolve_model
+from swarm_scheduler.settings import SchedulerSettings
 from swarm_scheduler.transitions import apply_event, copy_record, is_stale, token_matches
 from swarm_scheduler.verification import Verifications
 from swarm_scheduler.view import JobView
@@ -100,7 +100,7 @@ def _fence(
 
 
 class Scheduler:
-    def __init__(self, settings: Settings, broker: NatsBroker) -> None:
+    def __init__(self, settings: SchedulerSettings, broker: NatsBroker) -> None:
         self.settings = settings
         self.broker = broker
         self.subjects = Subjects(settings.namespace)
