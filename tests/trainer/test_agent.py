@@ -210,6 +210,22 @@ async def test_a_cancel_takes_effect_within_seconds_while_ray_starts_the_run(
     # Ray tore the run down (its controller, and with it the ranks, killed once it had
     # started: tens of seconds on a loaded machine), not five minutes later.
     assert events.torn_down_s < 90.0
+    # And gave back the CPUs its ranks held: a killed controller leaves its placement group,
+    # which would keep the next attempt placed on this worker waiting forever.
+    assert await _placement_groups_left(timeout=30.0) == []
+
+
+async def _placement_groups_left(timeout: float) -> list[str]:
+    """The ids of placement groups not removed ``timeout`` seconds from now (or sooner)."""
+    from ray.util import placement_group_table
+
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        left = [pg for pg, info in placement_group_table().items() if info["state"] != "REMOVED"]
+        if not left or loop.time() > deadline:
+            return left
+        await asyncio.sleep(0.5)
 
 
 async def test_agent_fails_a_job_whose_model_is_missing(

@@ -16,8 +16,8 @@ from faststream.nats import NatsBroker
 from rich.console import Console
 from typer.testing import CliRunner
 
-import swarm.cli
 from swarm.cli import app as cli_app
+from swarm.cli.output import out
 from swarm_contracts.subjects import Subjects
 from swarm_contracts.workers import BenchmarkRequest, WorkerBenchmark
 from swarm_gateway import create_app
@@ -61,7 +61,7 @@ async def test_a_worker_with_its_benchmark_off_refuses_to_run_it(settings: Setti
 
 
 def cli(gateway_url: str, *args: str) -> tuple[int, str]:
-    with patch.object(swarm.cli, "console", Console(width=200)):
+    with patch.object(out, "console", Console(width=200)):
         result = CliRunner().invoke(cli_app, ["--url", gateway_url, *args])
     return result.exit_code, result.output
 

@@ -9,6 +9,7 @@ from pydantic import BaseModel, Field, model_validator
 
 from swarm_contracts.datasets import DatasetInfo
 from swarm_contracts.jobs import JobRecord, JobSpec, JobState, ModelRef, ParentAdapter, utcnow
+from swarm_contracts.replies import Action
 from swarm_contracts.verification import VerifyTarget
 
 
@@ -68,6 +69,10 @@ class BenchmarkRequest(BaseModel):
     ``Reply[WorkerBenchmark]``; the worker's heartbeats carry the new result from then on."""
 
     worker_id: str
+
+
+BENCHMARK = Action("benchmark", BenchmarkRequest, WorkerBenchmark)
+"""Asked on the worker's own ``swarm.workers.<worker_id>.benchmark`` (``Subjects.benchmark``)."""
 
 
 class Heartbeat(BaseModel):
@@ -169,6 +174,11 @@ class AttemptStatus(BaseModel):
             state=record.state,
             cancel_requested=record.cancel_requested,
         )
+
+
+ATTEMPT = Action("attempt", AttemptQuery, AttemptStatus)
+"""Asked on the worker's own ``swarm.workers.<worker_id>.attempt`` (``Subjects.worker_attempt``),
+answered by the scheduler."""
 
 
 class WorkerInfo(BaseModel):

@@ -8,7 +8,8 @@ from swarm_contracts.datasets import DatasetInfo
 from swarm_contracts.evals import EvalSpec
 from swarm_contracts.jobs import JobSpec
 from swarm_contracts.refs import Ref
-from swarm_contracts.registry import AdapterVersion, GetAdapter, GetModel, ModelVersion
+from swarm_contracts.registry import AdapterVersion, GetAdapter, GetModel
+from swarm_contracts.registry_api import GET_ADAPTER, GET_MODEL
 from swarm_gateway.errors import field_error
 from swarm_gateway.state import Gateway
 from swarm_runtime.rpc import Refused, Unavailable
@@ -111,7 +112,7 @@ async def check_parent(
         return None
     request = GetAdapter(name=spec.from_adapter, tenant=tenant)
     try:
-        parent = await gw.registry.call("adapters.get", request, AdapterVersion)
+        parent = await gw.registry.call(GET_ADAPTER, request)
     except Refused as exc:
         if exc.code != "not_found":
             raise
@@ -139,9 +140,7 @@ async def check_base_model(gw: Gateway, spec: JobSpec, loc: tuple[str, ...] = ("
     and a job it cannot place fails with the reason."""
     ref = Ref.parse_versioned(spec.base_model)
     try:
-        model = await gw.registry.call(
-            "models.get", GetModel(name=ref.name, version=ref.version), ModelVersion
-        )
+        model = await gw.registry.call(GET_MODEL, GetModel(name=ref.name, version=ref.version))
     except Unavailable:
         return
     except Refused as exc:

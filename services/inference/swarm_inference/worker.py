@@ -35,7 +35,8 @@ from swarm_contracts.inference import (
     Usage,
 )
 from swarm_contracts.refs import Ref
-from swarm_contracts.registry import AdapterVersion, GetAdapter, GetModel, ListModels, ModelVersion
+from swarm_contracts.registry import GetAdapter, GetModel, ListModels, ModelVersion
+from swarm_contracts.registry_api import GET_ADAPTER, GET_MODEL, LIST_MODELS
 from swarm_contracts.subjects import Subjects
 from swarm_inference.adapter_files import CONFIG_FILE, WEIGHTS_FILE, AdapterSource
 from swarm_inference.base_model import load_base_model, pick_device, pick_dtype, render_chat
@@ -200,7 +201,7 @@ class InferenceWorker:
         spec = self.settings.inference_models.strip()
         if spec in ("", "*"):
             latest: dict[str, ModelVersion] = {}
-            for model in await self.registry.call("models.list", ListModels(), list[ModelVersion]):
+            for model in await self.registry.call(LIST_MODELS, ListModels()):
                 if model.name not in latest or model.version > latest[model.name].version:
                     latest[model.name] = model
             return list(latest.values())
@@ -211,7 +212,7 @@ class InferenceWorker:
             ref = Ref.parse_versioned(item)
             try:
                 get = GetModel(name=ref.name, version=ref.version)
-                wanted.append(await self.registry.call("models.get", get, ModelVersion))
+                wanted.append(await self.registry.call(GET_MODEL, get))
             except Refused as exc:
                 if exc.code != "not_found":
                     raise
@@ -413,7 +414,7 @@ class InferenceWorker:
         # As the request's tenant: another tenant's adapter is unknown.
         get = GetAdapter(name=request.adapter, tenant=request.tenant)
         try:
-            version = await self.registry.call("adapters.get", get, AdapterVersion)
+            version = await self.registry.call(GET_ADAPTER, get)
         except Refused as exc:
             if exc.code == "not_found":
                 raise RequestFailed("model_not_found", exc.message, 404) from exc

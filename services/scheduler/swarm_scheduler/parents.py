@@ -10,7 +10,8 @@ from __future__ import annotations
 from faststream.nats import NatsBroker
 
 from swarm_contracts.jobs import JobSpec, ModelRef, ParentAdapter
-from swarm_contracts.registry import AdapterVersion, GetAdapter, continued_spec
+from swarm_contracts.registry import GetAdapter, continued_spec
+from swarm_contracts.registry_api import GET_ADAPTER
 from swarm_contracts.subjects import Subjects
 from swarm_runtime.rpc import Refused, Unavailable
 from swarm_scheduler.registry_client import registry_of
@@ -28,7 +29,7 @@ async def resolve_parent(
     ref = spec.from_adapter
     request = GetAdapter(name=ref, tenant=tenant)
     try:
-        found = await registry_of(broker, subjects).call("adapters.get", request, AdapterVersion)
+        found = await registry_of(broker, subjects).call(GET_ADAPTER, request)
     except Refused as exc:
         if exc.code == "internal":
             raise Unavailable("registry", exc.message) from exc

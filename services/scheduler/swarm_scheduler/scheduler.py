@@ -383,7 +383,9 @@ class Scheduler:
             log.info("worker %s said goodbye", info.worker_id)
             if self.leading:
                 await self._write_worker(info, now)
-                await self._take_back_all(info.worker_id, "worker shut down")
+                # Left behind by a worker that left on purpose (its hand-back did not make
+                # it in time): not a failed attempt, as a hand-back is not.
+                await self._take_back_all(info.worker_id, "worker shut down", handback=True)
             return
         if heartbeat.state == "starting" and self.leading and info.worker_id in self.view.held:
             # A worker process that is starting runs nothing yet: whatever the records still
@@ -423,13 +425,13 @@ class Scheduler:
         self._worker_kv_written[info.worker_id] = (signature, now)
         await self.worker_kv.put(info.worker_id, info)
 
-    async def _take_back_all(self, worker_id: str, reason: str) -> None:
+    async def _take_back_all(self, worker_id: str, reason: str, *, handback: bool = False) -> None:
         held = [
             r.job_id
             for r in self.view.open.values()
             if r.worker_id == worker_id and r.state in HOLDING
         ]
-        await _gather(self.requeue(job_id, worker_id, reason) for job_id in held)
+        await _gather(self.requeue(job_id, worker_id, reason, handback=handback) for job_id in held)
 
     async def _release_drained(self, now: float) -> None:
         """Ask each worker drained with ``move_jobs`` to hand back the jobs it still runs."""

@@ -21,7 +21,8 @@ from nats.js import JetStreamContext
 
 from swarm_contracts.events import AnyJobEvent, Failed, Queued, Replayed, Requeued, Verified
 from swarm_contracts.jobs import JobRecord, JobState, replay_job_id, unverifiable, utcnow
-from swarm_contracts.registry import AdapterVersion, QuarantineJob
+from swarm_contracts.registry import QuarantineJob
+from swarm_contracts.registry_api import QUARANTINE_ADAPTER
 from swarm_contracts.subjects import Subjects
 from swarm_contracts.verification import Verification, VerificationOutcome, VerifyTarget
 from swarm_contracts.workers import WorkerOps
@@ -270,9 +271,7 @@ class Verifications:
         s = self.scheduler
         request = QuarantineJob(job_id=job_id, reason=f"verification failed: {reason}")
         try:
-            version = await registry_of(s.broker, s.subjects).call(
-                "adapters.quarantine", request, AdapterVersion
-            )
+            version = await registry_of(s.broker, s.subjects).call(QUARANTINE_ADAPTER, request)
         except Refused as exc:
             if exc.code != "not_found":
                 log.error("could not quarantine the adapter of %s: %s", job_id, exc.message)

@@ -39,7 +39,8 @@ from pydantic import ValidationError
 from swarm_contracts.envelope import envelope
 from swarm_contracts.events import AnyJobEvent, CancelRequest, Started, Validated
 from swarm_contracts.jobs import AdapterRef, JobRecord, JobState, JobSubmission, SweepRef, utcnow
-from swarm_contracts.registry import AliasTarget, SetAlias
+from swarm_contracts.registry import SetAlias
+from swarm_contracts.registry_api import SET_ALIAS
 from swarm_contracts.subjects import Subjects
 from swarm_contracts.sweeps import (
     BEST_ALIAS,
@@ -533,7 +534,7 @@ class Controller:
             name=record.spec.name, alias=BEST_ALIAS, version=version, tenant=record.tenant
         )
         try:
-            await self.registry.call("adapters.alias.set", request, AliasTarget)
+            await self.registry.call(SET_ALIAS, request)
         except Refused as exc:
             log.warning("sweep %s: alias %s refused: %s", record.sweep_id, BEST_ALIAS, exc)
             return f"could not set alias {BEST_ALIAS}: {exc.message}"

@@ -15,7 +15,7 @@ from pydantic import Field, TypeAdapter, ValidationError
 
 from swarm_contracts.envelope import CloudEvent
 from swarm_contracts.events import AnyJobEvent, JobEvent
-from swarm_contracts.metrics import GetJobMetrics, JobMetrics
+from swarm_contracts.metrics import GET_JOB_METRICS, GetJobMetrics, JobMetrics
 from swarm_contracts.replies import Reply
 from swarm_contracts.subjects import Subjects
 from swarm_runtime.broker import make_broker
@@ -93,7 +93,7 @@ class TelemetryService:
                 return
             self.consume(envelope.data)
 
-        @self.broker.subscriber(subjects.telemetry("metrics.get"), queue=SERVICE)
+        @self.broker.subscriber(subjects.telemetry(GET_JOB_METRICS.name), queue=SERVICE)
         async def get_metrics(request: GetJobMetrics) -> Reply[JobMetrics]:
             async def work() -> JobMetrics:
                 metrics = self.series.get(request.job_id, request.max_points)

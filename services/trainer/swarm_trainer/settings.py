@@ -18,6 +18,9 @@ class TrainerSettings(Settings):
     store_access: Literal["keys", "signed"] = "keys"
     worker_id: str | None = None
     trainer_cpus: int | None = None
+    # A Tinker training session no call has touched for this long is closed (its model and
+    # optimizer freed; what was saved stays): docs/tinker.md.
+    session_idle_s: float = Field(default=900.0, gt=0)
     # "key=value" pairs, comma separated (e.g. "provider=acme,region=eu"): this worker's labels,
     # which jobs can require through resources.labels.
     worker_labels: str = ""

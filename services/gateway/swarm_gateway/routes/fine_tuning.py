@@ -21,7 +21,8 @@ from swarm_contracts.envelope import envelope
 from swarm_contracts.events import CancelRequest
 from swarm_contracts.jobs import JobRecord, job_id_for
 from swarm_contracts.refs import Ref
-from swarm_contracts.registry import AdapterVersion, GetAdapter, GetModel, ModelVersion
+from swarm_contracts.registry import GetAdapter, GetModel
+from swarm_contracts.registry_api import GET_ADAPTER, GET_MODEL
 from swarm_gateway.auth import Caller, Principal, Tenant
 from swarm_gateway.fine_tune_records import FineTune, ftjob_id, job_id
 from swarm_gateway.fine_tuning_events import (
@@ -147,14 +148,14 @@ async def _base_model(gw: Gateway, model: str, tenant: str) -> tuple[str, str | 
     try:
         if ref.alias is None:
             request = GetModel(name=ref.name, version=ref.version)
-            base = await gw.registry.call("models.get", request, ModelVersion)
+            base = await gw.registry.call(GET_MODEL, request)
             return f"{base.name}@{base.version}", None
     except Refused as exc:
         if exc.code != "not_found":
             raise
     try:
         get = GetAdapter(name=model, tenant=tenant)
-        adapter = await gw.registry.call("adapters.get", get, AdapterVersion)
+        adapter = await gw.registry.call(GET_ADAPTER, get)
     except Refused as exc:
         if exc.code in ("not_found", "invalid"):
             raise unknown from exc
