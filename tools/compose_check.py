@@ -10,6 +10,8 @@ job trained on the containerised trainer, its adapter pulled and chatted with th
 containerised inference worker; a scheduler and a NATS restart with a job in flight, which must
 still succeed with every earlier record intact; then `down -v`. Exits non-zero on any failure.
 See docs/deploy.md.
+
+Long because: a standalone script, run alone on a fresh host; its phases read top to bottom.
 """
 
 from __future__ import annotations

@@ -1,6 +1,9 @@
 """Serving what Swarm trains: two adapters trained through the stack, answered in one batch by
 the inference service, through the gateway's OpenAI-compatible routes, the SDK, the CLI, the
-stock ``openai`` client and a plain NATS client; tenants, bad input and a killed worker."""
+stock ``openai`` client and a plain NATS client; tenants, bad input and a killed worker.
+
+Long because: its tests share the costly part, two adapters trained through one stack.
+"""
 
 from __future__ import annotations
 

@@ -6,6 +6,10 @@ so that NATS spreads a base model's requests over the workers holding it. A requ
 the tenant and, optionally, an adapter ref; the worker resolves the ref with the registry (as
 that tenant: another tenant's adapter is unknown), fetches its files once (sha256-checked)
 and hands it to the engine, which loads it into an LRU slot.
+
+Long because: the held models, their subscriptions, adapter fetches and heartbeats share the
+worker's engines and their state; the engine, sampling, adapter files and replies are their
+own modules.
 """
 
 from __future__ import annotations

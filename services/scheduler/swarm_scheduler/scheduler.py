@@ -2,6 +2,10 @@
 
 The job records and this process's view of them are ``swarm_scheduler.view``; every change
 here goes through the view's compare-and-set writes.
+
+Long because: every decision that changes a job record is taken here (submissions, workers'
+events, cancels, requeues, placement passes, liveness), through one compare-and-set writer;
+its pure parts are their own modules (placement, transitions, leases, verification, worker_table).
 """
 
 from __future__ import annotations

@@ -22,6 +22,10 @@ trial ``n`` are a pure function of the records before it (``swarm_sweeps.searche
 announcement is published before the record change it announces, with a ``Nats-Msg-Id`` named
 after the sweep, the event and the trial, so that a controller that crashes in between and does
 it again stores the event once (the stream de-duplicates over a day).
+
+Long because: a sweep moves forward under its lock from events, cancellations and the periodic
+check alike, which share its records and ``_advance``; the searchers, ASHA and the metric are
+their own modules.
 """
 
 from __future__ import annotations
