@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from swarm_contracts.jobs import ModelRef, utcnow
 from swarm_contracts.registry import GetModel, ListModels, ModelVersion
+from swarm_contracts.registry_api import GET_MODEL, LIST_MODELS
 from swarm_contracts.sessions import (
     LOSSES,
     AdamStep,
@@ -144,7 +145,7 @@ async def telemetry(tenant: Tenant) -> dict[str, str]:
 
 @router.get("/get_server_capabilities")
 async def server_capabilities(gw: GW, tenant: Tenant) -> dict[str, Any]:
-    models = await gw.registry.call("models.list", ListModels(), list[ModelVersion])
+    models = await gw.registry.call(LIST_MODELS, ListModels())
     return {
         "supported_models": [
             {"model_name": m.hf_id or m.name, "trainable": True, "sampleable": False}
@@ -488,14 +489,13 @@ async def _base_model(gw: Gateway, name: str) -> ModelRef:
     registry_name, _, version = name.partition("@")
     try:
         model = await gw.registry.call(
-            "models.get",
+            GET_MODEL,
             GetModel(name=registry_name, version=int(version) if version.isdigit() else None),
-            ModelVersion,
         )
     except Refused as exc:
         if exc.code != "not_found" and exc.code != "invalid":
             raise
-        models = await gw.registry.call("models.list", ListModels(), list[ModelVersion])
+        models = await gw.registry.call(LIST_MODELS, ListModels())
         matches = sorted((m for m in models if m.hf_id == name), key=lambda m: m.version)
         model = matches[-1] if matches else None
     if model is None:
