@@ -40,6 +40,9 @@ backward through the frozen base 2N for activation gradients only (LoRA weight g
 are negligible); attention scores are left out, so MFU is a slight under-estimate. MFU is
 given against the datasheet peak (GPU) and against a matmul measured in the same run (8192^3
 bf16 on GPU, 2048^2 fp32 on CPU).
+
+Long because: a standalone benchmark whose three sides must run the same data and the same
+measurements, side by side.
 """
 
 from __future__ import annotations

@@ -135,7 +135,8 @@ def follow(client: Client, job_id: str, console: Console) -> FollowResult:
                 progress.console.print(f"  checkpoint at step {p.get('step')}")
             elif ev.event == "requeued":
                 progress.console.print(f"  [yellow]requeued[/]: {p.get('reason')}")
-            elif ev.event in ("queued", "assigned", "started"):
+            elif (meaning := ev.meaning) and meaning.state_after and not meaning.terminal:
+                # The job moved on (queued, assigned, started, ...): say so, and where.
                 where = p.get("worker_id")
                 progress.update(task, description=ev.event + (f" on {where}" if where else ""))
                 if ev.event == "started" and p.get("resumed_from_step"):

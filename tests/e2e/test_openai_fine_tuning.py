@@ -41,9 +41,9 @@ def chat_jsonl(n: int) -> bytes:
 @pytest.fixture(scope="module")
 def clients(stack: Stack) -> Iterator[tuple[openai.OpenAI, openai.OpenAI]]:
     from swarm_gateway.app import create_app
-    from swarm_runtime.settings import Settings
+    from swarm_gateway.settings import GatewaySettings
 
-    settings = Settings(
+    settings = GatewaySettings(
         nats_url=stack.local.nats_url,
         namespace=stack.namespace,
         store_url=stack.local.store_dir.as_uri(),

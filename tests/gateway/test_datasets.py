@@ -11,6 +11,7 @@ import pytest
 import zstandard
 
 from swarm_gateway import create_app
+from swarm_gateway.settings import GatewaySettings
 from swarm_runtime.settings import Settings
 from swarm_runtime.store import open_store
 
@@ -81,7 +82,7 @@ async def test_all_formats_accepted(client: httpx.AsyncClient) -> None:
 
 
 async def test_upload_size_limit(settings: Settings) -> None:
-    app = create_app(settings.model_copy(update={"max_upload_bytes": 100}))
+    app = create_app(GatewaySettings.of(settings, max_upload_bytes=100))
     async with (
         app.router.lifespan_context(app),
         httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as c,

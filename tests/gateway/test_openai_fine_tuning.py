@@ -1,7 +1,10 @@
 """OpenAI's Files and fine-tuning jobs API, driven by the stock ``openai`` client against the
 real gateway and nats-server; the registry and scheduler are played by the test (a registry
 that knows ``tiny@1`` and alice's adapter ``bot@1``, a scheduler that records submissions and
-whose events the test reports)."""
+whose events the test reports).
+
+Long because: its tests all drive one API through the same played registry and scheduler.
+"""
 
 from __future__ import annotations
 

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from swarm_runtime.settings import Settings
 from swarm_runtime.store import LocalStore
 from swarm_trainer.hooks import CrashBeforeStep
 from swarm_trainer.reports import Progress, Report, Started
 from swarm_trainer.run import RunResult, committed_checkpoint_step, run_job
+from swarm_trainer.settings import TrainerSettings
 
 from .conftest import drain, make_assignment
 
@@ -41,7 +41,7 @@ def reference(
 
     tmp_path = tmp_path_factory.mktemp("reference")
     store = LocalStore(tmp_path / "store")
-    settings = Settings(store_url=store.url, work_dir=tmp_path / "work")
+    settings = TrainerSettings(store_url=store.url, work_dir=tmp_path / "work")
     job = make_assignment(
         store, tiny_model_dir, job_id="job-aaaaaaaaaaaaaaaaaaaa", training=TRAINING, lora=LORA
     )
@@ -65,7 +65,7 @@ def test_killed_run_resumes_exactly_from_last_committed_checkpoint(
 
     expected, ref_result = reference
     store = LocalStore(tmp_path / "store")
-    settings = Settings(store_url=store.url, work_dir=tmp_path / "work")
+    settings = TrainerSettings(store_url=store.url, work_dir=tmp_path / "work")
 
     # Same job under another id; its worker process dies before step 7, after leaving a
     # half-written checkpoint_00000006 in the run directory. Ray restarts the worker group.
@@ -112,7 +112,7 @@ def test_a_new_attempt_resumes_exactly_from_what_an_earlier_one_committed(
 
     expected, _ = reference
     store = LocalStore(tmp_path / "store")
-    settings = Settings(store_url=store.url, work_dir=tmp_path / "work")
+    settings = TrainerSettings(store_url=store.url, work_dir=tmp_path / "work")
     job_id = "job-cccccccccccccccccccc"
 
     # Attempt 1 dies for good (no Ray retry) after committing step 4, as on a lost machine.

@@ -5,6 +5,9 @@ A sweep runs ``budget`` trials; each trial is an ordinary job whose spec is the 
 ``base`` spec with the searched fields set (dotted paths such as ``training.lr``) and its
 ``name`` set to the sweep's name, so that every trial registers a version of one adapter and
 the best one gets the alias ``best``.
+
+Long because: the sweep contract in one place: its spec and search space, records and events
+refer to each other and are read together (docs/events.md, *Sweeps*).
 """
 
 from __future__ import annotations

@@ -49,6 +49,7 @@ from swarm_gateway.routes import (
     tinker,
     workers,
 )
+from swarm_gateway.settings import GatewaySettings
 from swarm_gateway.state import Gateway
 from swarm_gateway.tinker.calls import Calls
 from swarm_gateway.tinker.records import FutureRecord, ModelRecord, SessionRecord
@@ -111,7 +112,9 @@ def create_app(
     request_timeout_s: float = 5.0,
     event_stream_max_s: float | None = None,
 ) -> FastAPI:
-    settings = settings or Settings()
+    """The gateway's app; ``settings`` may be the shared ones (its own read from the
+    environment) or ``GatewaySettings``; none: all from the environment."""
+    settings = GatewaySettings.of(settings or Settings())
     subjects = Subjects(settings.namespace)
     api_keys = parse_api_keys(settings.api_keys, settings.admin_keys)
 

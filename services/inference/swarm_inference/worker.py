@@ -6,6 +6,10 @@ so that NATS spreads a base model's requests over the workers holding it. A requ
 the tenant and, optionally, an adapter ref; the worker resolves the ref with the registry (as
 that tenant: another tenant's adapter is unknown), fetches its files once (sha256-checked)
 and hands it to the engine, which loads it into an LRU slot.
+
+Long because: the held models, their subscriptions, adapter fetches and heartbeats share the
+worker's engines and their state; the engine, sampling, adapter files and replies are their
+own modules.
 """
 
 from __future__ import annotations
@@ -52,9 +56,9 @@ from swarm_inference.json_format import ANY_OBJECT
 from swarm_inference.metrics import InferenceMetrics
 from swarm_inference.replies import Replier
 from swarm_inference.sampling import SamplingParams
+from swarm_inference.settings import InferenceSettings
 from swarm_inference.vllm_backend import VllmEngine
 from swarm_runtime.rpc import Refused, ServiceClient, Unavailable
-from swarm_runtime.settings import Settings
 from swarm_runtime.store import NotFound, open_store
 from swarm_runtime.tasks import cancel_and_wait
 
@@ -102,7 +106,7 @@ class OpenRequest:
 
 
 class InferenceWorker:
-    def __init__(self, settings: Settings, broker: NatsBroker) -> None:
+    def __init__(self, settings: InferenceSettings, broker: NatsBroker) -> None:
         self.settings = settings
         self.broker = broker
         self.subjects = Subjects(settings.namespace)

@@ -29,10 +29,10 @@ from swarm_contracts.workers import WorkerOps
 from swarm_runtime.job_history import past_events
 from swarm_runtime.records import Conflict, RecordTable
 from swarm_runtime.rpc import Refused, Unavailable
-from swarm_runtime.settings import Settings
 from swarm_scheduler.metrics import SchedulerMetrics
 from swarm_scheduler.placement import provider_of
 from swarm_scheduler.registry_client import registry_of
+from swarm_scheduler.settings import SchedulerSettings
 from swarm_scheduler.verdict import Verdict, drawn, judge, pick_range
 from swarm_scheduler.view import JobView
 from swarm_scheduler.worker_table import WorkerTable
@@ -62,7 +62,7 @@ async def reported_losses(
 class Host(Protocol):
     """What verification uses of the scheduler (``swarm_scheduler.scheduler.Scheduler``)."""
 
-    settings: Settings
+    settings: SchedulerSettings
     broker: NatsBroker
     subjects: Subjects
     view: JobView

@@ -26,6 +26,7 @@ from swarm_telemetry.http_api import build_http
 from swarm_telemetry.otel_metrics import OtelMetrics
 from swarm_telemetry.prometheus_metrics import PrometheusMetrics
 from swarm_telemetry.series import SeriesStore
+from swarm_telemetry.settings import TelemetrySettings
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +40,9 @@ class TelemetryService:
     """Series, exporters, the FastStream app and the HTTP app of one telemetry instance."""
 
     def __init__(self, settings: Settings) -> None:
-        self.settings = settings
+        """``settings``: the shared ones (its own read from the environment) or
+        ``TelemetrySettings``."""
+        self.settings = settings = TelemetrySettings.of(settings)
         self.subjects = Subjects(settings.namespace)
         self.series = SeriesStore()
         self.prometheus = PrometheusMetrics(self.series)

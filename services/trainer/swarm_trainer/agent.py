@@ -71,7 +71,6 @@ from swarm_contracts.workers import (
 from swarm_runtime.broker import publish_job_event
 from swarm_runtime.records import RecordTable
 from swarm_runtime.rpc import Refused, ServiceClient, Unavailable
-from swarm_runtime.settings import Settings
 from swarm_runtime.store import ObjectStore, is_unreachable, open_store
 from swarm_runtime.tasks import cancel_and_wait
 from swarm_runtime.topology import ensure_topology, kv_bucket
@@ -83,6 +82,7 @@ from swarm_trainer.job_history import workers_that_ran
 from swarm_trainer.job_trace import JobTrace, note_event
 from swarm_trainer.metrics import TrainerMetrics
 from swarm_trainer.resources import detect_resources
+from swarm_trainer.settings import TrainerSettings
 from swarm_trainer.signed_store import SignedAccess, SignedStore
 
 if TYPE_CHECKING:
@@ -155,7 +155,7 @@ class ActiveJob:
 
 
 class TrainerAgent:
-    def __init__(self, settings: Settings, broker: NatsBroker) -> None:
+    def __init__(self, settings: TrainerSettings, broker: NatsBroker) -> None:
         self.settings = settings
         self.broker = broker
         self.subjects = Subjects(settings.namespace)

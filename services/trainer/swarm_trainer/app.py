@@ -30,9 +30,13 @@ from swarm_runtime.tracing import setup_tracing, tracer_of
 from swarm_trainer.agent import SERVICE, TrainerAgent
 from swarm_trainer.metrics import TrainerMetrics
 from swarm_trainer.sessions_host import SessionHost
+from swarm_trainer.settings import TrainerSettings
 
 
 def build_app(settings: Settings) -> FastStream:
+    """The trainer agent's app; ``settings`` may be the shared ones (its own read from the
+    environment) or ``TrainerSettings``."""
+    settings = TrainerSettings.of(settings)
     broker = make_broker(settings, SERVICE)
     agent = TrainerAgent(settings, broker)
     subjects = agent.subjects
@@ -123,7 +127,9 @@ def build_app(settings: Settings) -> FastStream:
     return app
 
 
-def join_settings(settings: Settings, creds: Path, nats_url: str | None = None) -> Settings:
+def join_settings(
+    settings: TrainerSettings, creds: Path, nats_url: str | None = None
+) -> TrainerSettings:
     """A provider's agent: its join file's identity and NATS URL (``nats_url`` overrides it),
     and, unless store keys or ``SWARM_STORE_ACCESS`` are given, no store keys at all: the
     registry grants its jobs' keys one by one (docs/providers.md, *Store access*)."""
@@ -148,7 +154,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     join.add_argument("--nats", help="the Swarm's NATS URL (default: the one in the file)")
     args = parser.parse_args(argv)
-    settings = Settings()
+    settings = TrainerSettings()
     if args.command == "join":
         settings = join_settings(settings, args.creds, args.nats)
     logging.basicConfig(level=settings.log_level, format="%(asctime)s %(name)s %(message)s")

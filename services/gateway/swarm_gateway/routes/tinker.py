@@ -3,6 +3,9 @@
 The SDK's key is a Swarm API key with ``tml-`` in front (the SDK insists on that prefix), sent as
 ``X-API-Key``; tenants are the same as everywhere else. Training calls answer a future at once
 (``{"request_id"}``); ``retrieve_future`` long-polls it (``try_again`` while it is pending).
+
+Long because: one protocol surface, every route the stock SDK calls (start-up, sessions,
+models, training calls, futures), read side by side with the SDK.
 """
 
 from __future__ import annotations
