@@ -12,6 +12,7 @@ from pydantic import BaseModel, Field
 
 from swarm_contracts.evals import EvalResult
 from swarm_contracts.jobs import AdapterRef, JobSpec
+from swarm_contracts.methods import PreferenceMetrics
 from swarm_contracts.verification import ReplayReport, VerifyPolicy
 
 EventName = Literal[
@@ -69,6 +70,8 @@ class Progress(JobEvent):
     # Tokens the step trained on, all ranks together (None from a trainer that did not count):
     # what an OpenAI fine-tuning job reports as ``trained_tokens``.
     tokens: int | None = None
+    # A DPO job's rewards over the step's pairs (rank 0's); None for SFT.
+    preference: PreferenceMetrics | None = None
 
 
 class CheckpointSaved(JobEvent):
@@ -84,6 +87,9 @@ class Validated(JobEvent):
     perplexity: float
     # The task evals' metrics and sample at this step, for a job with ``evals``.
     evals: EvalResult | None = None
+    # A DPO job's rewards over every validation pair (then ``eval_loss`` is the DPO loss and
+    # ``perplexity`` the chosen answers'); None for SFT.
+    preference: PreferenceMetrics | None = None
 
 
 class Requeued(JobEvent):
