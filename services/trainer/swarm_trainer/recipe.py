@@ -269,9 +269,7 @@ def load_data(
     )
     pad_id = pad_token_id(tokenizer)
     # A packed micro-batch holds every sequence of its examples (DPO: two per example).
-    pack_to = (
-        compute.packed_row(t.seq_len, t.batch_size * method.sequences) if t.packing else None
-    )
+    pack_to = compute.packed_row(t.seq_len, t.batch_size * method.sequences) if t.packing else None
     sampler = BatchSampler(
         train_examples, t.batch_size, pad_id, t.seed + rank, pack_to, method.collate
     )

@@ -184,7 +184,8 @@ def test_loss_and_gradients_equal_trls_dpo_trainer(
     their_grads = grads(model)
 
     torch.testing.assert_close(ours, theirs)
-    assert our_grads.keys() == their_grads.keys() and len(our_grads) > 0
+    assert our_grads.keys() == their_grads.keys()
+    assert len(our_grads) > 0
     for name, grad in our_grads.items():
         torch.testing.assert_close(grad, their_grads[name], rtol=1e-4, atol=1e-7)
     measured = method.step_metrics(stats, batch.pairs)
