@@ -6,8 +6,9 @@ OpenAI's hyperparameters map onto Swarm's training settings: ``batch_size`` is t
 epoch (and at the end), as OpenAI's do. ``"auto"`` resolves to 8 (at most the number of
 examples), 1.0 and 3. ``method: {type: "dpo", dpo: {hyperparameters}}`` is a Swarm DPO job
 (``JobSpec.method``), its ``beta`` (``"auto"``: 0.1) the method's. Without a validation
-file nothing is held out (OpenAI trains on the whole file). ``swarm`` (an extension, ``extra_body`` in the stock client) overrides any
-setting of the Swarm spec's ``lora``, ``training``, ``resources`` and ``priority``.
+file nothing is held out (OpenAI trains on the whole file). ``swarm`` (an extension,
+``extra_body`` in the stock client) overrides any setting of the Swarm spec's ``lora``,
+``training``, ``resources`` and ``priority``.
 """
 
 from __future__ import annotations
