@@ -62,9 +62,16 @@ def apply_event(
             return None
         case Progress():
             new.metrics.update(step=event.step, loss=event.loss, tokens_per_s=event.tokens_per_s)
+            if event.preference is not None:
+                new.metrics.update(event.preference.model_dump())
         case Validated():
             task = event.evals.metrics if event.evals else {}
             new.metrics.update(task, eval_loss=event.eval_loss, perplexity=event.perplexity)
+            if event.preference is not None:
+                # The step's rewards and the evaluation's would share names: eval_ marks these.
+                new.metrics.update(
+                    {f"eval_{k}": v for k, v in event.preference.model_dump().items()}
+                )
             new.evals = event.evals or new.evals
         case CheckpointSaved() if event.step < record.metrics.get("checkpoint_step", 0):
             return None
