@@ -75,13 +75,14 @@ def dpo_eval_loss(model: Any, run: Any) -> float:
 
 
 def run_swarm_dpo(model_dir: Path, run: Any) -> dict[str, Any]:
+    from train_throughput import LORA, LR, SEED, WARMUP, sync, timed
+
     from swarm_contracts.jobs import LoraSpec, TrainingSpec
     from swarm_trainer.compute import choose_compute
     from swarm_trainer.data import BatchSampler, StepBatches
     from swarm_trainer.methods.dpo import Dpo, Reference
     from swarm_trainer.model import build_model
     from swarm_trainer.step import lr_lambda, make_optimizer, train_step
-    from train_throughput import LORA, LR, SEED, WARMUP, sync, timed
 
     device = torch.device(run.device)
     compute = choose_compute(TrainingSpec(), device)
@@ -128,12 +129,12 @@ def run_swarm_dpo(model_dir: Path, run: Any) -> dict[str, Any]:
 def run_trl_dpo(model_dir: Path, run: Any) -> dict[str, Any]:
     from datasets import Dataset
     from peft import LoraConfig
+    from train_throughput import LORA, LR, SEED, WARMUP, sync, timed
     from transformers import AutoModelForCausalLM, TrainerCallback
     from trl import DPOConfig, DPOTrainer
     from trl.trainer.dpo_trainer import DataCollatorForPreference
 
     from swarm_trainer.tiny_model import build_char_tokenizer
-    from train_throughput import LORA, LR, SEED, WARMUP, sync, timed
 
     class PreTokenized(DPOTrainer):  # type: ignore[misc]
         """The pairs come as token ids (``prompt_ids``, ``chosen_ids``, ``rejected_ids``,

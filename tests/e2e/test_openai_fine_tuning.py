@@ -174,13 +174,16 @@ def test_a_dpo_job_from_upload_to_chat(clients: tuple[openai.OpenAI, openai.Open
             "dpo": {"hyperparameters": {"beta": 0.5, "n_epochs": 1, "batch_size": 4}},
         },
     )
-    assert job.method is not None and job.method.type == "dpo"
+    assert job.method is not None
+    assert job.method.type == "dpo"
     done = wait_for(alice, job.id)
     assert done.status == "succeeded", done.error
-    assert done.method is not None and done.method.dpo is not None
+    assert done.method is not None
+    assert done.method.dpo is not None
     assert done.method.dpo.hyperparameters is not None
     assert done.method.dpo.hyperparameters.beta == 0.5
-    assert done.fine_tuned_model is not None and done.fine_tuned_model.startswith("e2e-dpo@")
+    assert done.fine_tuned_model is not None
+    assert done.fine_tuned_model.startswith("e2e-dpo@")
     events = list(alice.fine_tuning.jobs.list_events(job.id, limit=10))
     steps = [e.data["step"] for e in events if e.type == "metrics" and "train_loss" in e.data]  # type: ignore[operator,index]
     assert steps == [2, 1]  # 8 pairs, batches of 4, one epoch

@@ -85,9 +85,7 @@ def test_a_dpo_jobs_rewards_are_in_the_record() -> None:
     progress = Progress(
         job_id="job-1", attempt=1, step=3, max_steps=9, loss=0.6, lr=1e-4, tokens_per_s=9.0
     )
-    new = apply_event(
-        record(JobState.running), progress.model_copy(update={"preference": rewards})
-    )
+    new = apply_event(record(JobState.running), progress.model_copy(update={"preference": rewards}))
     assert new is not None
     assert new.metrics["reward_accuracy"] == 0.75
     assert new.metrics["margin"] == 0.3

@@ -97,16 +97,16 @@ def requested_method(body: FineTuningJobCreate) -> tuple[Method, dict[str, Any],
     """The method (``supervised`` or ``dpo``), the hyperparameters asked for, and the
     parameter path they came under. Reinforcement fine-tuning is refused."""
     method = body.method
-    kind = method.type if method is not None else "supervised"
-    if kind == "reinforcement":
+    asked = method.type if method is not None else "supervised"
+    if asked == "reinforcement":
         raise _bad(
             "method.type",
             "method 'reinforcement' is not supported by Swarm; use 'supervised' or 'dpo'",
             "unsupported_method",
         )
-    if kind not in ("supervised", "dpo"):
-        raise _bad("method.type", f"unknown method {kind!r}: 'supervised' or 'dpo'")
-    assert kind in ("supervised", "dpo")
+    if asked not in ("supervised", "dpo"):
+        raise _bad("method.type", f"unknown method {asked!r}: 'supervised' or 'dpo'")
+    kind: Method = "dpo" if asked == "dpo" else "supervised"
     other = "dpo" if kind == "supervised" else "supervised"
     if method is not None and getattr(method, other) is not None:
         raise _bad(f"method.{other}", f"method.{other} given for a {kind} job")

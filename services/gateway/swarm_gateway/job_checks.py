@@ -4,6 +4,8 @@ job that fails later."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from swarm_contracts.datasets import DatasetInfo, method_takes
 from swarm_contracts.evals import EvalSpec
 from swarm_contracts.jobs import JobSpec
@@ -44,7 +46,7 @@ async def check_datasets(
         check_eval_set(spec, evals, found, loc)
 
 
-def check_method_format(spec: JobSpec, dataset: DatasetInfo, loc: list[str]) -> None:
+def check_method_format(spec: JobSpec, dataset: DatasetInfo, loc: Sequence[str | int]) -> None:
     """A DPO job trains on preference pairs, an SFT job on anything else."""
     method = spec.method.type
     if method_takes(method, dataset.format):
@@ -57,7 +59,7 @@ def check_method_format(spec: JobSpec, dataset: DatasetInfo, loc: list[str]) -> 
     else:
         need = "preference pairs train with method {'type': 'dpo'}"
     raise field_error(
-        422, loc, f"dataset {dataset.id} holds {dataset.format} examples: {need}", "invalid"
+        422, list(loc), f"dataset {dataset.id} holds {dataset.format} examples: {need}", "invalid"
     )
 
 

@@ -68,8 +68,9 @@ class PairBatch(Batch):
         moved = super().to(device)
         if moved is self:
             return self
+        assert isinstance(moved, PairBatch)
         sequence = self.sequence.pin_memory().to(device, non_blocking=True)
-        return dataclasses.replace(moved, sequence=sequence)  # type: ignore[arg-type]
+        return dataclasses.replace(moved, sequence=sequence)
 
 
 def _prompt_segments(prompt: Any, where: str) -> list[Segment]:
