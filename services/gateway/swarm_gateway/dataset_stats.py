@@ -82,7 +82,9 @@ def example_text(obj: dict[str, Any]) -> str:
         return _chat(obj["input"]["messages"]) + "\n" + max(answers, key=len)
     if "chosen" in obj:
         answers = (_text(obj["chosen"]), _text(obj["rejected"]))
-        return _text(obj["prompt"]) + max(answers, key=len)
+        # A chat's answer is a message of its own line; a string answer continues the prompt.
+        between = "\n" if isinstance(obj["prompt"], list) else ""
+        return _text(obj["prompt"]) + between + max(answers, key=len)
     if "messages" in obj:
         return "\n".join(f"{m['role']}: {m['content']}" for m in obj["messages"])
     if "prompt" in obj:
