@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, computed_field
 
 from swarm_contracts.evals import EvalResult
 from swarm_contracts.jobs import AdapterRef, JobSpec, JobState
+from swarm_contracts.methods import PreferenceMetrics
 from swarm_contracts.verification import ReplayReport, VerifyPolicy
 
 # Who sends a job event: the scheduler itself, or the worker running the attempt (a trainer
@@ -103,6 +104,8 @@ class Progress(JobEvent):
     # Tokens the step trained on, all ranks together (None from a trainer that did not count):
     # what an OpenAI fine-tuning job reports as ``trained_tokens``.
     tokens: int | None = None
+    # A DPO job's rewards over the step's pairs (rank 0's); None for SFT.
+    preference: PreferenceMetrics | None = None
 
 
 class CheckpointSaved(JobEvent):
@@ -120,6 +123,9 @@ class Validated(JobEvent):
     perplexity: float
     # The task evals' metrics and sample at this step, for a job with ``evals``.
     evals: EvalResult | None = None
+    # A DPO job's rewards over every validation pair (then ``eval_loss`` is the DPO loss and
+    # ``perplexity`` the chosen answers'); None for SFT.
+    preference: PreferenceMetrics | None = None
 
 
 class Requeued(JobEvent):

@@ -4,7 +4,9 @@ job that fails later."""
 
 from __future__ import annotations
 
-from swarm_contracts.datasets import DatasetInfo
+from collections.abc import Sequence
+
+from swarm_contracts.datasets import DatasetInfo, method_takes
 from swarm_contracts.evals import EvalSpec
 from swarm_contracts.jobs import JobSpec
 from swarm_contracts.refs import Ref
@@ -38,9 +40,28 @@ async def check_datasets(
                 "not_found",
             )
         found[path[0]] = entry[0]
+        if path[0] != "evals":
+            check_method_format(spec, entry[0], [*loc, *path])
     if evals is not None:
         check_eval_schemas(evals, loc)
         check_eval_set(spec, evals, found, loc)
+
+
+def check_method_format(spec: JobSpec, dataset: DatasetInfo, loc: Sequence[str | int]) -> None:
+    """A DPO job trains on preference pairs, an SFT job on anything else."""
+    method = spec.method.type
+    if method_takes(method, dataset.format):
+        return
+    if method == "dpo":
+        need = (
+            "a DPO job needs preference pairs: {'prompt','chosen','rejected'} (strings or chat "
+            "messages) or {'input':{'messages'},'preferred_output','non_preferred_output'}"
+        )
+    else:
+        need = "preference pairs train with method {'type': 'dpo'}"
+    raise field_error(
+        422, list(loc), f"dataset {dataset.id} holds {dataset.format} examples: {need}", "invalid"
+    )
 
 
 def check_eval_schemas(evals: EvalSpec, loc: tuple[str, ...]) -> None:

@@ -47,6 +47,7 @@ from swarm_contracts.events import (
 )
 from swarm_contracts.jobs import AdapterRef, JobRecord, JobState, utcnow
 from swarm_contracts.layout import CHECKPOINTS_KEPT
+from swarm_contracts.methods import PreferenceMetrics
 from swarm_contracts.providers import read_credentials, token_digest
 from swarm_contracts.registry import AdapterVersion, Lineage, RegisterAdapter
 from swarm_contracts.registry_api import REGISTER_ADAPTER
@@ -815,6 +816,7 @@ class TrainerAgent:
                     tokens_per_s=report.tokens_per_s,
                     elapsed_s=report.elapsed_s,
                     tokens=round(report.tokens_per_s * report.step_s),
+                    preference=PreferenceMetrics.of(report.metrics),
                 )
                 await self._emit(event, report.step)
             case reports.Validated():
@@ -825,6 +827,7 @@ class TrainerAgent:
                     eval_loss=report.eval_loss,
                     perplexity=report.perplexity,
                     evals=EvalResult.model_validate_json(report.evals) if report.evals else None,
+                    preference=PreferenceMetrics.of(report.metrics),
                 )
                 await self._emit(validated, report.step)
             case reports.CheckpointReported():
