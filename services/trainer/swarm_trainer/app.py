@@ -90,12 +90,15 @@ def build_app(settings: Settings) -> FastStream:
         return await answer(Reply[WorkerBenchmark], agent.benchmark_requested(request))
 
     # Tinker training sessions held here (swarm_trainer.sessions_host): the gateway's calls, on
-    # this worker's own subject, one at a time (their order is the session's).
+    # this worker's own subject, one at a time (their order is the session's). Only the
+    # cluster's own agents hold sessions (docs/tinker.md): a session is no job whose attempt
+    # would grant a provider store access, and providers' credentials do not allow the subject.
     sessions = SessionHost(agent.store, agent.cache, settings.session_idle_s)
+    if agent.provider is None:
 
-    @broker.subscriber(subjects.worker_session(agent.worker_id))
-    async def on_session_call(call: SessionCall) -> Reply[SessionResult]:
-        return await answer(Reply[SessionResult], sessions.call(call))
+        @broker.subscriber(subjects.worker_session(agent.worker_id))
+        async def on_session_call(call: SessionCall) -> Reply[SessionResult]:
+            return await answer(Reply[SessionResult], sessions.call(call))
 
     store = agent.store
     if agent.provider is None and store is not None:
