@@ -42,10 +42,10 @@ from swarm_contracts.datasets import DatasetInfo, dataset_id_for
 from swarm_contracts.jobs import JobSpec, ModelRef
 from swarm_contracts.layout import dataset_key
 from swarm_contracts.workers import Assignment
-from swarm_runtime.settings import Settings
 from swarm_runtime.store import ObjectStore, open_store, tree_digest
 from swarm_trainer import reports
 from swarm_trainer.run import run_job
+from swarm_trainer.settings import TrainerSettings
 from swarm_trainer.tiny_model import build_tokenizer
 
 MODEL_KEY = "models/bench-llama/0000000000000000"
@@ -190,15 +190,17 @@ def s3_server() -> Iterator[int]:
         server.stop()
 
 
-def s3_settings(port: int) -> Settings:
-    return Settings(
+def s3_settings(port: int) -> TrainerSettings:
+    return TrainerSettings(
         store_url=f"s3://bench?endpoint=http://127.0.0.1:{port}",
         s3_access_key="testing",
         s3_secret_key="testing-secret",
     )
 
 
-def timed_run(job: Assignment, settings: Settings, store: ObjectStore) -> tuple[float, float, str]:
+def timed_run(
+    job: Assignment, settings: TrainerSettings, store: ObjectStore
+) -> tuple[float, float, str]:
     """(seconds to the first step, seconds of fetching, what came from the cache)."""
     from ray.util.queue import Queue
 
@@ -217,7 +219,12 @@ def timed_run(job: Assignment, settings: Settings, store: ObjectStore) -> tuple[
 
 
 def rounds(
-    label: str, settings: Settings, root: Path, model: ModelRef, data: DatasetInfo, repeats: int
+    label: str,
+    settings: TrainerSettings,
+    root: Path,
+    model: ModelRef,
+    data: DatasetInfo,
+    repeats: int,
 ) -> str:
     """Cold and warm jobs, interleaved; the table row of their medians."""
     store = open_store(settings)
@@ -272,7 +279,7 @@ def main() -> None:
     with contextlib.ExitStack() as stack:
         root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="swarm-bench-")))
         if args.store == "file":
-            targets = [("local directory", Settings(store_url=(root / "store").as_uri()))]
+            targets = [("local directory", TrainerSettings(store_url=(root / "store").as_uri()))]
         else:
             port = stack.enter_context(s3_server())
             targets = []

@@ -39,6 +39,7 @@ from swarm_contracts.events import Started, Succeeded
 from swarm_contracts.jobs import AdapterRef, JobSpec, JobSubmission, job_id_for, utcnow
 from swarm_contracts.layout import dataset_key
 from swarm_contracts.providers import ATTEMPT_TOKEN_HEADER
+from swarm_contracts.registry_api import REGISTER_MODEL
 from swarm_contracts.subjects import Subjects
 from swarm_contracts.workers import Heartbeat, Resources, RunningJob
 from swarm_runtime.records import RecordTable
@@ -168,7 +169,7 @@ class Bench:
         for _ in range(100):  # the registry may still be starting
             try:
                 reply = await self.nc.request(
-                    self.s.registry("models.register"),
+                    self.s.registry(REGISTER_MODEL.name),
                     json.dumps({"name": "tiny", "store_key": "models/tiny/x"}).encode(),
                     timeout=2,
                 )

@@ -18,6 +18,9 @@ median of the per-round ratios:
 * **swarm-qlora** (CUDA only, where bitsandbytes is installed): the swarm side with the base
   in 4-bit NF4 (``lora.quantize: nf4``), for its peak memory.
 
+``--method dpo`` compares DPO instead: Swarm's DPO step against TRL's ``DPOTrainer``
+(``bench/dpo_sides.py`` says how), same model, pairs, LoRA, beta and schedule.
+
 On CUDA each Swarm side also prints its memory estimate (what ``swarm jobs estimate`` and the
 scheduler use) beside the measured peak.
 
@@ -27,6 +30,7 @@ and schedule (AdamW 2e-4, 5 warmup steps, cosine, clipping at 1.0) on every side
 ``--untimed`` steps (compilation, allocator warm-up) are not timed.
 
     CPU:  .venv/bin/python bench/train_throughput.py [--steps 40] [--repeats 3] [--threads 1]
+          .venv/bin/python bench/train_throughput.py --method dpo [--steps 20]
     GPU:  .venv/bin/python bench/train_throughput.py --device cuda --model 1b|8b
 
 GPU shapes: Llama-3.2-1B (hidden 2048, 16 layers, 32 heads / 8 KV, vocab 128256, tied
@@ -40,6 +44,9 @@ backward through the frozen base 2N for activation gradients only (LoRA weight g
 are negligible); attention scores are left out, so MFU is a slight under-estimate. MFU is
 given against the datasheet peak (GPU) and against a matmul measured in the same run (8192^3
 bf16 on GPU, 2048^2 fp32 on CPU).
+
+Long because: a standalone benchmark whose three sides must run the same data and the same
+measurements, side by side.
 """
 
 from __future__ import annotations
@@ -63,12 +70,19 @@ import torch
 
 LR, WARMUP, SEED = 2e-4, 5, 0
 LORA = {"r": 16, "alpha": 32, "dropout": 0.0, "target_modules": "all-linear"}
-SIDES = ("swarm", "hf-padded", "hf-flat", "swarm-qlora")
+SIDES = ("swarm", "hf-padded", "hf-flat", "swarm-qlora", "swarm-dpo", "trl-dpo")
+# Each method's sides: Swarm's first, then the peers it is compared with.
+METHOD_SIDES = {
+    "sft": ("swarm", "hf-padded", "hf-flat", "swarm-qlora"),
+    "dpo": ("swarm-dpo", "trl-dpo"),
+}
 LABELS = {
     "swarm": "Swarm (packed)",
     "hf-padded": "HF + peft, padded (a)",
     "hf-flat": "HF + peft, flattened (b)",
     "swarm-qlora": "Swarm QLoRA (NF4 base)",
+    "swarm-dpo": "Swarm DPO (packed)",
+    "trl-dpo": "TRL DPOTrainer (padded)",
 }
 QUANTIZE = {"swarm-qlora": "nf4"}  # lora.quantize of each Swarm side that has one
 # Dense bf16 tensor-core peaks from the datasheets (SXM parts), FLOP/s.
@@ -409,7 +423,12 @@ def child(side: str, model_dir: Path, run: Run, threads: int) -> None:
     torch.set_num_threads(threads)
     if run.cuda:
         torch.cuda.reset_peak_memory_stats()
-    if side.startswith("swarm"):
+    if side in ("swarm-dpo", "trl-dpo"):
+        # Imported here: TRL is needed for --method dpo only.
+        from dpo_sides import run_swarm_dpo, run_trl_dpo
+
+        result = (run_swarm_dpo if side == "swarm-dpo" else run_trl_dpo)(model_dir, run)
+    elif side.startswith("swarm"):
         result = run_swarm(model_dir, run, side)
     else:
         result = run_hf(model_dir, run, flat=side == "hf-flat")
@@ -468,6 +487,7 @@ def spawn(side: str, model_dir: Path, run: Run, threads: int) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--method", choices=list(METHOD_SIDES), default="sft")
     parser.add_argument("--model", choices=["1b", "8b"], help="GPU shape (CUDA only)")
     parser.add_argument("--steps", type=int, help="timed steps (40 on CPU, 30 on GPU)")
     parser.add_argument("--untimed", type=int, default=3, help="warm-up steps, not timed")
@@ -492,7 +512,8 @@ def main() -> None:
     shape = args.model or "cpu"
     if args.sides is None:
         # bitsandbytes' 4-bit kernels need CUDA.
-        args.sides = [s for s in SIDES if args.device == "cuda" or s != "swarm-qlora"]
+        sides = METHOD_SIDES[args.method]
+        args.sides = [s for s in sides if args.device == "cuda" or s != "swarm-qlora"]
     run = Run(
         device=args.device,
         model=shape,
@@ -515,7 +536,7 @@ def main() -> None:
     sheet = datasheet_peak(run)
     report(run, args, n_params, rounds, peak, sheet)
     if run.cuda:
-        for side in (s for s in args.sides if s.startswith("swarm")):
+        for side in (s for s in args.sides if s in ("swarm", "swarm-qlora")):
             print(
                 f"{LABELS[side]}: memory estimate (swarm jobs estimate) "
                 f"{memory_estimate_gb(model_dir, run, side):.1f} GB, measured peak "
@@ -557,21 +578,21 @@ def report(
             f"{mem:13.1f}{last['train_loss']:11.4f}{last['eval_loss']:10.4f}  "
             f"{last['attention']}{' + liger' if last['liger'] else ''}"
         )
-    if "swarm" not in args.sides:
+    ours, *peers = METHOD_SIDES[args.method]
+    if ours not in args.sides:
         return
-    for peer in (s for s in args.sides if s.startswith("hf-")):
+    for peer in (s for s in peers if s in args.sides and s != "swarm-qlora"):
         ratios = [
-            (r["swarm"]["tokens"] / r["swarm"]["seconds"])
-            / (r[peer]["tokens"] / r[peer]["seconds"])
+            (r[ours]["tokens"] / r[ours]["seconds"]) / (r[peer]["tokens"] / r[peer]["seconds"])
             for r in rounds
         ]
         cpu_ratios = [
-            (r["swarm"]["tokens"] / r["swarm"]["cpu_seconds"])
+            (r[ours]["tokens"] / r[ours]["cpu_seconds"])
             / (r[peer]["tokens"] / r[peer]["cpu_seconds"])
             for r in rounds
         ]
         print(
-            f"Swarm / {LABELS[peer]}: median {statistics.median(ratios):.2f}x tokens/s "
+            f"{LABELS[ours]} / {LABELS[peer]}: median {statistics.median(ratios):.2f}x tokens/s "
             f"(rounds: {', '.join(f'{x:.2f}' for x in ratios)}); per CPU-second "
             f"{statistics.median(cpu_ratios):.2f}x"
         )

@@ -217,3 +217,22 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
         yield S3Server("moto", f"http://127.0.0.1:{port}", "testing", "testing-secret")
     finally:
         server.stop()
+
+
+def _weight(item: pytest.Item) -> int:
+    """0 for the multi-process tests (minutes each, a long timeout), 1 for other slow ones."""
+    timeout = item.get_closest_marker("timeout")
+    if timeout is not None and timeout.args and timeout.args[0] >= 900:
+        return 0
+    return 1 if item.get_closest_marker("slow") is not None else 2
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The heaviest files first. `make test` hands out whole files to two workers in this
+    order (``--dist loadfile``): started last, a file of several minutes would keep one
+    worker busy long after the other ran out of work."""
+    rank: dict[str, int] = {}
+    for item in items:
+        path = item.nodeid.split("::")[0]
+        rank[path] = min(rank.get(path, 2), _weight(item))
+    items.sort(key=lambda item: rank[item.nodeid.split("::")[0]])

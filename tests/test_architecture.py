@@ -7,11 +7,19 @@
 * The SDK imports the contracts and nothing of the services' runtime, and ``pip install``
   of it brings none of the runtime's packages (checked in a fresh virtual environment).
 * No two modules of a package import each other, directly or round a circle.
+* What a job event or state means is said once, in ``swarm_contracts.events`` and ``.jobs``:
+  no list of their names anywhere else (Python or the dashboard's JS), every set derived.
+* No module over 500 lines without a reason at its top (a ``Long because: ...`` line in its
+  docstring).
+* A setting lives in the room of whoever reads it: the runtime's shared ``Settings`` holds
+  what the runtime or several services read, a service's own knobs are in its
+  ``swarm_<service>/settings.py``, and each is declared once.
 """
 
 from __future__ import annotations
 
 import ast
+import importlib
 import re
 import subprocess
 import sys
@@ -19,6 +27,10 @@ import tomllib
 from pathlib import Path
 
 import pytest
+
+from swarm_contracts.events import JOB_EVENTS
+from swarm_contracts.jobs import JobState
+from swarm_runtime.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVICES = sorted(p.parent.name for p in (ROOT / "services").glob("*/pyproject.toml"))
@@ -239,6 +251,173 @@ def test_no_import_circles_within_a_package(package: Path) -> None:
 def test_an_import_circle_is_found() -> None:
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert import_circles(graph) == [["a", "b", "c"]]
+
+
+# --- meaning in one place ---------------------------------------------------------------
+
+# Job events and job states share names (an event is often named for the state it leaves).
+LIFECYCLE_NAMES = frozenset(JOB_EVENTS) | {s.value for s in JobState}
+# Everything but the contracts, which say it, and the tests, which check it.
+MEANING_USERS = ("services", "sdk", "libs/runtime", "tools", "bench")
+JS_STRING_LIST = re.compile(
+    r"""\[\s*((?:"[^"]*"|'[^']*')(?:\s*,\s*(?:"[^"]*"|'[^']*'))+)\s*,?\s*\]"""
+)
+
+
+def source_files(suffix: str) -> list[Path]:
+    return sorted(
+        path
+        for top in MEANING_USERS
+        for path in (ROOT / top).rglob(f"*{suffix}")
+        if not any(part.endswith(".egg-info") or part in ("build", ".venv") for part in path.parts)
+    )
+
+
+def listed_names_py(source: str) -> list[tuple[int, list[str]]]:
+    """Literal tuples, lists, sets and dict keys of two or more job event or state names."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Tuple | ast.List | ast.Set):
+            items: list[ast.expr | None] = list(node.elts)
+        elif isinstance(node, ast.Dict):
+            items = list(node.keys)
+        else:
+            continue
+        names = [i.value for i in items if isinstance(i, ast.Constant) and isinstance(i.value, str)]
+        if len(items) >= 2 and len(names) == len(items) and set(names) <= LIFECYCLE_NAMES:
+            found.append((node.lineno, names))
+    return found
+
+
+def listed_names_js(source: str) -> list[list[str]]:
+    """Array literals of two or more job event or state names."""
+    found = []
+    for match in JS_STRING_LIST.finditer(source):
+        names = [n[1:-1] for n in re.findall(r""""[^"]*"|'[^']*'""", match.group(1))]
+        if set(names) <= LIFECYCLE_NAMES:
+            found.append(names)
+    return found
+
+
+def test_no_hand_kept_list_of_job_events_or_states() -> None:
+    """Which events end a job, who sends them, the state each leaves: ``EventMeaning`` on each
+    event class, ``JobState.terminal``; everyone else derives their sets from those (the
+    dashboard reads them from ``/dashboard/lifecycle.json``)."""
+    bad = {
+        str(path.relative_to(ROOT)): listed
+        for path in source_files(".py")
+        if (listed := listed_names_py(path.read_text()))
+    }
+    bad |= {
+        str(path.relative_to(ROOT)): listed
+        for path in source_files(".js")
+        if (listed := listed_names_js(path.read_text()))
+    }
+    assert not bad, f"derive these from swarm_contracts.events / JobState instead: {bad}"
+
+
+def test_a_hand_kept_list_is_found() -> None:
+    assert listed_names_py('if e in ("succeeded", "failed"):\n    pass\n') == [
+        (1, ["succeeded", "failed"])
+    ]
+    assert listed_names_py('STATE = {"queued": 1, "running": 2}') == [(1, ["queued", "running"])]
+    # A list that holds other names too is another thing (OpenAI's statuses, say).
+    assert listed_names_py('S = ("validating_files", "queued")') == []
+    assert listed_names_js('const T = new Set(["succeeded", "failed"]);') == [
+        ["succeeded", "failed"]
+    ]
+    assert listed_names_js('["pending", "queued"]') == []
+
+
+# --- settings: each in its room ------------------------------------------------------------
+
+
+def service_settings(service: str) -> list[type[Settings]]:
+    """The settings classes of ``swarm_<service>/settings.py`` (none: it has no knob of its own)."""
+    if not (ROOT / "services" / service / f"swarm_{service}" / "settings.py").is_file():
+        return []
+    module = importlib.import_module(f"swarm_{service}.settings")
+    return [
+        c
+        for c in vars(module).values()
+        if isinstance(c, type) and issubclass(c, Settings) and c.__module__ == module.__name__
+    ]
+
+
+def settings_read(package: Path) -> set[str]:
+    """Fields read as ``<...settings>.<field>`` in the package (``self.<field>`` in a settings
+    module: a setting derived from another)."""
+    read: set[str] = set()
+    for path in package.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute):
+                owner = node.value
+                name = owner.id if isinstance(owner, ast.Name) else getattr(owner, "attr", "")
+                if "settings" in name.lower() or (path.name == "settings.py" and name == "self"):
+                    read.add(node.attr)
+    return read
+
+
+def test_each_setting_is_declared_once_in_the_room_of_who_reads_it() -> None:
+    shared = set(Settings.model_fields)
+    runtime_reads = settings_read(ROOT / "libs" / "runtime" / "swarm_runtime")
+    reads = {s: settings_read(ROOT / "services" / s / f"swarm_{s}") for s in SERVICES}
+    declared: dict[str, str] = {}
+    for service in SERVICES:
+        for cls in service_settings(service):
+            own = set(cls.model_fields) - shared
+            assert set(cls.model_fields) >= shared, f"{cls.__name__} must extend the shared ones"
+            twice = {f for f in own if f in declared}
+            assert not twice, f"{service} declares {twice} again ({declared})"
+            declared |= dict.fromkeys(own, service)
+            unread = own - reads[service]
+            assert not unread, f"{service} declares settings it never reads: {unread}"
+    for field in shared:
+        readers = {s for s, r in reads.items() if field in r}
+        assert field in runtime_reads or len(readers) >= 2, (
+            f"only {readers or 'nobody'} reads the shared setting {field}: move it to its room"
+        )
+    assert declared, "no service settings found: the scan checks nothing"
+
+
+# --- module size --------------------------------------------------------------------------
+
+MAX_LINES = 500
+SIZED = ("libs", "services", "sdk", "tools", "bench", "tests")
+# Long modules being split right now, each with why it is exempt until that lands.
+BEING_SPLIT = {
+    "services/trainer/swarm_trainer/agent.py": "issue 24, point 1: the attempt is carved out",
+}
+
+
+def line_counts() -> dict[str, tuple[int, str]]:
+    """Each module: its line count and its docstring."""
+    found = {}
+    for top in SIZED:
+        for path in (ROOT / top).rglob("*.py"):
+            if any(p.endswith(".egg-info") or p in ("build", ".venv") for p in path.parts):
+                continue
+            text = path.read_text()
+            doc = ast.get_docstring(ast.parse(text)) or ""
+            found[str(path.relative_to(ROOT))] = (len(text.splitlines()), doc)
+    return found
+
+
+def test_no_module_over_500_lines_without_a_reason_at_its_top() -> None:
+    """A long module is usually two rooms: split it, or say at its top why it is one
+    (``Long because: ...`` in its docstring)."""
+    modules = line_counts()
+    unexplained = {
+        path: lines
+        for path, (lines, doc) in modules.items()
+        if lines > MAX_LINES
+        and path not in BEING_SPLIT
+        and not re.search(r"^Long because: \S", doc, re.MULTILINE)
+    }
+    assert not unexplained, f"split these, or say why they are long: {unexplained}"
+    for path in BEING_SPLIT:
+        lines, _ = modules.get(path, (0, ""))
+        assert lines > MAX_LINES, f"{path} is split: drop it from BEING_SPLIT"
 
 
 # --- a fresh install ------------------------------------------------------------------------

@@ -8,11 +8,13 @@ from __future__ import annotations
 import importlib
 import sys
 from pathlib import Path
+from typing import Any
 
 import yaml
 from faststream.specification import AsyncAPI
 
 from swarm_runtime.settings import Settings
+from swarm_trainer.settings import TrainerSettings
 
 SERVICES = ("scheduler", "trainer", "registry", "telemetry", "sweeps", "inference")
 OUT = Path(__file__).resolve().parent.parent / "docs" / "asyncapi"
@@ -21,7 +23,13 @@ OUT = Path(__file__).resolve().parent.parent / "docs" / "asyncapi"
 def render(service: str) -> str:
     build_app = importlib.import_module(f"swarm_{service}.app").build_app
     # Explicit values, so that the environment never leaks into the documents.
-    app = build_app(Settings(worker_id="worker-id", nats_url="nats://127.0.0.1:4222", namespace=""))
+    shared: dict[str, Any] = {"nats_url": "nats://127.0.0.1:4222", "namespace": ""}
+    settings = (
+        TrainerSettings(worker_id="worker-id", **shared)
+        if service == "trainer"
+        else Settings(**shared)
+    )
+    app = build_app(settings)
     app = getattr(app, "app", app)  # telemetry wraps its FastStream app with an HTTP server
     for intake in app.context.get("intakes") or []:  # handlers on plain nats-py (the scheduler)
         intake.document(app.broker)

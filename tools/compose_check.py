@@ -10,6 +10,8 @@ job trained on the containerised trainer, its adapter pulled and chatted with th
 containerised inference worker; a scheduler and a NATS restart with a job in flight, which must
 still succeed with every earlier record intact; then `down -v`. Exits non-zero on any failure.
 See docs/deploy.md.
+
+Long because: a standalone script, run alone on a fresh host; its phases read top to bottom.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from swarm_contracts.jobs import JobState
 
 ROOT = Path(__file__).resolve().parents[1]
 CHECK_DIR = ROOT / "deploy" / "compose-check"
@@ -429,7 +433,7 @@ def job_spec(path: Path, name: str, train: str, val: str, steps: int) -> Path:
     return path
 
 
-TERMINAL = ("succeeded", "failed", "cancelled")
+TERMINAL = tuple(s.value for s in JobState if s.terminal)
 
 
 def wait_job(job_id: str, timeout: float, until: Sequence[str] = ()) -> dict[str, Any]:

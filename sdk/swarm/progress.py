@@ -132,6 +132,8 @@ def follow(client: Client, job_id: str, console: Console) -> FollowResult:
             p = ev.payload
             if (line := first_step.line(ev)) is not None:
                 progress.console.print(line)
+            if (line := moved(ev, job_id)) is not None:
+                progress.console.print(line)
             if ev.event == "progress":
                 progress.update(
                     task,
@@ -150,11 +152,11 @@ def follow(client: Client, job_id: str, console: Console) -> FollowResult:
                 progress.update(
                     task, eval=f"{eval_loss:.4f}", task=task_metrics(evals.get("metrics", {}))
                 )
-            elif (line := moved(ev, job_id)) is not None:
-                progress.console.print(line)
-                if ev.event in ("paused", "resumed"):
-                    progress.update(task, description=ev.event)
-            elif ev.event in ("queued", "assigned", "started"):
+            elif ev.event == "checkpoint":
+                continue  # said above (``moved``): the job runs on
+            elif (meaning := ev.meaning) and meaning.state_after and not meaning.terminal:
+                # The job moved on (queued, assigned, started, paused, resumed...): say so,
+                # and where.
                 where = p.get("worker_id")
                 progress.update(task, description=ev.event + (f" on {where}" if where else ""))
                 if ev.event == "started" and p.get("resumed_from_step"):

@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from swarm_contracts.events import TERMINAL_EVENTS
+from swarm_contracts.events import MEANINGS, EventMeaning
 
 
 @dataclass
@@ -23,9 +23,14 @@ class JobStreamEvent:
         return self.data.get("data", {})
 
     @property
+    def meaning(self) -> EventMeaning | None:
+        """What the job event means (None: not a job event, e.g. a sweep's)."""
+        return MEANINGS.get(self.event)
+
+    @property
     def terminal(self) -> bool:
         """Whether it ends a job (a sweep's stream ends with ``SWEEP_TERMINAL_EVENTS``)."""
-        return self.event in TERMINAL_EVENTS
+        return self.meaning is not None and self.meaning.terminal
 
 
 class SSEDecoder:

@@ -11,6 +11,7 @@ import pytest
 from swarm_contracts.jobs import JobSpec
 from swarm_contracts.memory import GB, ModelShape
 from swarm_contracts.memory_estimate import estimate_memory
+from swarm_contracts.methods import DpoMethod
 
 # meta-llama/Llama-3.2-1B's config.json (the numbers that matter) and its parameter count.
 LLAMA_1B_CONFIG = {
@@ -108,6 +109,18 @@ def test_monotonic_in_batch_and_sequence(field: str) -> None:
     assert large.weights_bytes == small.weights_bytes
     assert large.lora_bytes == small.lora_bytes
     assert large.total_bytes > small.total_bytes
+
+
+def test_a_dpo_example_is_two_sequences() -> None:
+    """DPO trains on prompt + chosen and prompt + rejected in one micro-batch: twice the
+    tokens, activations and logits of an SFT job of the same batch; weights and adapter alike."""
+    sft = estimate_memory(llama_1b(), job())
+    dpo_spec = job().model_copy(update={"method": DpoMethod(type="dpo", beta=0.5)})
+    dpo = estimate_memory(llama_1b(), dpo_spec)
+    assert dpo.tokens == 2 * sft.tokens == 2 * 16 * 2048
+    assert dpo.activations_bytes == 2 * sft.activations_bytes
+    assert dpo.logits_bytes == 2 * sft.logits_bytes
+    assert (dpo.weights_bytes, dpo.lora_bytes) == (sft.weights_bytes, sft.lora_bytes)
 
 
 def test_gradient_checkpointing_cuts_activations_only() -> None:

@@ -83,6 +83,22 @@ def test_every_kind_of_parameter_over_the_job_spec() -> None:
     assert spec.training.max_steps == 8  # the base's
 
 
+def test_a_dpo_sweep_searches_beta() -> None:
+    """``method.beta`` is a field of DPO's method: searchable when the base is a DPO job."""
+    base = BASE | {"method": {"type": "dpo"}}
+    beta = {"type": "log_uniform", "low": 0.01, "high": 1.0}
+    s = SweepSpec.model_validate(sweep(base=base, search={"method.beta": beta}))
+    spec = trial_spec(s, {"method.beta": 0.3})
+    assert spec.method.type == "dpo"
+    assert spec.method.beta == 0.3
+    [(_, msg)] = errors(sweep(search={"method.beta": beta}))  # an SFT base has no beta
+    assert "search.method.beta" in msg
+    [(_, msg)] = errors(sweep(base=base, search={"method.beta": beta | {"high": 200.0}}))
+    assert "200.0 is not valid there" in msg
+    [(_, msg)] = errors(sweep(base=base, search={"method.gamma": beta}))
+    assert "method has no field 'gamma'" in msg
+
+
 @pytest.mark.parametrize(
     ("search", "says"),
     [

@@ -16,6 +16,7 @@ from selenium.webdriver.support.ui import WebDriverWait
 
 from swarm_contracts.jobs import JobState
 from swarm_gateway.app import create_app
+from swarm_gateway.settings import GatewaySettings
 from swarm_runtime.settings import Settings
 
 from ..conftest import ServerThread
@@ -194,7 +195,7 @@ def test_the_playground_streams_a_models_answer(stack: Stack, browser: Chrome) -
 def test_with_auth_on_the_page_asks_for_a_key_and_keeps_it(
     settings: Settings, browser: Chrome
 ) -> None:
-    keyed = settings.model_copy(update={"api_keys": "dash-secret-key=acme"})
+    keyed = GatewaySettings.of(settings, api_keys="dash-secret-key=acme")
     with ServerThread(create_app(keyed)) as server:
         browser.get(server.url + "/dashboard")
         # No key yet: every call is a 401, and the page says what to do.

@@ -9,9 +9,11 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
+from swarm_contracts.events import MEANINGS
+from swarm_contracts.jobs import JobState
 from swarm_gateway import dashboard
 from swarm_gateway.app import create_app
-from swarm_runtime.settings import Settings
+from swarm_gateway.settings import GatewaySettings
 
 GATEWAY = Path(__file__).resolve().parents[2] / "services" / "gateway"
 
@@ -19,7 +21,7 @@ GATEWAY = Path(__file__).resolve().parents[2] / "services" / "gateway"
 @pytest.fixture(scope="module")
 def client() -> TestClient:
     # No `with`: the lifespan (NATS) is not needed to serve static files, and must not be.
-    return TestClient(create_app(Settings(api_keys="k=acme")))
+    return TestClient(create_app(GatewaySettings(api_keys="k=acme")))
 
 
 @pytest.mark.parametrize("path", ["/", "/dashboard"])
@@ -58,6 +60,22 @@ def test_no_inline_script_or_third_party_url() -> None:
         urls = re.findall(r"https?://[^\s\"')]+", path.read_text())
         # The SVG namespace is an identifier, not a fetch.
         assert set(urls) <= {"http://www.w3.org/2000/svg"}, (path.name, urls)
+
+
+def test_the_page_reads_what_states_and_events_mean_from_the_contracts(
+    client: TestClient,
+) -> None:
+    resp = client.get("/dashboard/lifecycle.json")  # no key: it says nothing about any job
+    assert resp.status_code == 200
+    assert "script-src 'self'" in resp.headers["content-security-policy"]
+    life = resp.json()
+    assert [(s["name"], s["terminal"]) for s in life["states"]] == [
+        (s.value, s.terminal) for s in JobState
+    ]
+    assert life["events"]["replayed"]["terminal"] is True
+    assert set(life["events"]) == set(MEANINGS)
+    # The page uses it, and keeps no list of its own (tests/test_architecture.py).
+    assert "dashboard/lifecycle.json" in (dashboard.STATIC_DIR / "dashboard.js").read_text()
 
 
 @pytest.mark.parametrize("path", ["/dashboard/app.py", "/dashboard/..%2fapp.py", "/dashboard/x"])

@@ -2,6 +2,8 @@
 
 Parses docker-compose.yml and the Dockerfiles, checking what `docker compose up` relies on.
 The packages' own rules (who imports whom) are in tests/test_architecture.py.
+
+Long because: every check reads the same parsed compose file and Dockerfiles.
 """
 
 from __future__ import annotations

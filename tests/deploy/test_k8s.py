@@ -6,7 +6,6 @@ NATS cluster, GPUs, Ray's network isolation."""
 
 from __future__ import annotations
 
-import ast
 import copy
 import importlib.util
 import json
@@ -19,9 +18,8 @@ import jsonschema
 import kubernetes_validate
 import pytest
 
-from swarm_runtime.settings import Settings
-
 from .kustomize_render import KustomizeError, render
+from .settings_scan import FIELDS, settings_read_by, single_machine_default
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "k8s"
@@ -168,8 +166,6 @@ def test_raycluster_validation_catches_a_bad_field(
 
 # --- settings: what each service reads is set --------------------------------------------
 
-FIELDS = set(Settings.model_fields)
-PACKAGE_ROOTS = {"swarm_runtime": ROOT / "libs" / "runtime" / "swarm_runtime"}
 # Read by every service, and wrong in a cluster whatever their default: NATS there has one
 # user per service (deploy/nats/nats-auth.conf), the store is S3 (keys), JetStream has three
 # nodes (replicas), and the gateway with no API keys lets anyone in as tenant "default".
@@ -182,53 +178,6 @@ CLUSTER_REQUIRED = {
     "api_keys",
     "metrics_port",
 }
-
-
-def module_file(module: str, roots: dict[str, Path]) -> Path | None:
-    top, *rest = module.split(".")
-    if top not in roots:
-        return None
-    path = roots[top].joinpath(*rest)
-    for candidate in (path.with_suffix(".py"), path / "__init__.py"):
-        if candidate.is_file():
-            return candidate
-    return None
-
-
-def settings_read_by(service: str) -> set[str]:
-    """Settings fields read (``<...>settings.<field>``) in the service's package and in every
-    swarm_runtime module it imports, transitively."""
-    roots = {**PACKAGE_ROOTS, f"swarm_{service}": ROOT / "services" / service / f"swarm_{service}"}
-    todo = list(roots[f"swarm_{service}"].glob("*.py"))
-    seen: set[Path] = set()
-    read: set[str] = set()
-    while todo:
-        path = todo.pop()
-        if path in seen:
-            continue
-        seen.add(path)
-        for node in ast.walk(ast.parse(path.read_text())):
-            modules: list[str] = []
-            if isinstance(node, ast.Import):
-                modules = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                modules = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
-            todo += [f for m in modules if (f := module_file(m, roots)) is not None]
-            if isinstance(node, ast.Attribute) and node.attr in FIELDS:
-                owner = node.value
-                name = owner.id if isinstance(owner, ast.Name) else getattr(owner, "attr", "")
-                if "settings" in name.lower():
-                    read.add(node.attr)
-    return read
-
-
-def single_machine_default(field: str) -> bool:
-    """A default that only works with everything on one machine: a loopback address (another
-    pod is never there) or a local directory store (not shared between pods)."""
-    default = Settings.model_fields[field].default
-    return isinstance(default, str) and (
-        "127.0.0.1" in default or "localhost" in default or default.startswith("file://")
-    )
 
 
 def required_in_k8s(service: str) -> set[str]:

@@ -129,10 +129,11 @@ async def test_operator_commands_work_under_the_shipped_permissions(
 ) -> None:
     from swarm_registry.app import build_app as build_registry
     from swarm_scheduler.app import build_app as build_scheduler
+    from swarm_scheduler.settings import SchedulerSettings
 
     url, nats_log = secured
-    scheduler_settings = as_service(url, "scheduler", tmp_path).model_copy(
-        update={"worker_timeout_s": 30.0}
+    scheduler_settings = SchedulerSettings.of(
+        as_service(url, "scheduler", tmp_path), worker_timeout_s=30.0
     )
     app = create_app(as_service(url, "gateway", tmp_path), submit_wait_s=5.0, request_timeout_s=5.0)
     async with (

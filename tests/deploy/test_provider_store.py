@@ -23,6 +23,7 @@ from swarm_contracts.workers import Assignment, Heartbeat, Resources
 from swarm_runtime.records import RecordTable
 from swarm_runtime.settings import Settings
 from swarm_runtime.store import open_store
+from swarm_trainer.settings import TrainerSettings
 from swarm_trainer.signed_store import SignedAccess, SignedStore, StoreAccessRefused
 
 from ..conftest import S3Server
@@ -195,15 +196,15 @@ def test_join_holds_no_store_keys_unless_given(
     creds = creds_file(providers, "a", tmp_path)
     for name in ("SWARM_STORE_ACCESS", "SWARM_S3_ACCESS_KEY", "SWARM_S3_SECRET_KEY"):
         monkeypatch.delenv(name, raising=False)
-    assert join_settings(Settings(), creds).store_access == "signed"
+    assert join_settings(TrainerSettings(), creds).store_access == "signed"
     # A provider the admin gave keys (or told otherwise) keeps them, as before.
     monkeypatch.setenv("SWARM_S3_ACCESS_KEY", "k")
-    assert join_settings(Settings(), creds).store_access == "keys"
+    assert join_settings(TrainerSettings(), creds).store_access == "keys"
     monkeypatch.delenv("SWARM_S3_ACCESS_KEY")
     monkeypatch.setenv("SWARM_STORE_ACCESS", "keys")
-    assert join_settings(Settings(), creds).store_access == "keys"
+    assert join_settings(TrainerSettings(), creds).store_access == "keys"
     monkeypatch.delenv("SWARM_STORE_ACCESS")
-    joined = join_settings(Settings(), creds, "nats://elsewhere:4222")
+    joined = join_settings(TrainerSettings(), creds, "nats://elsewhere:4222")
     assert (joined.nats_url, joined.provider_creds_file) == ("nats://elsewhere:4222", creds)
 
 
@@ -218,7 +219,7 @@ def test_join_with_a_relative_creds_path_works_from_any_directory(
 
     creds = creds_file(providers, "a", tmp_path)
     monkeypatch.chdir(creds.parent)
-    joined = join_settings(Settings(), Path(creds.name))
+    joined = join_settings(TrainerSettings(), Path(creds.name))
     assert joined.provider_creds_file == creds
     assert joined.provider_creds_file.is_absolute()
     # The same file named through the environment (SWARM_PROVIDER_CREDS_FILE) and for NATS.

@@ -31,8 +31,8 @@ from swarm_contracts.providers import (
 from swarm_contracts.subjects import Subjects
 from swarm_contracts.workers import Assignment, Heartbeat, Resources, WorkerInfo
 from swarm_runtime.records import RecordTable
-from swarm_runtime.settings import Settings
 from swarm_runtime.store import ObjectStore, open_store
+from swarm_trainer.settings import TrainerSettings
 
 from ..scheduler.conftest import wait_record, write_fake_model
 from .test_nats_permissions import as_service, connect, run_nats, shipped_config
@@ -311,7 +311,7 @@ async def test_a_providers_agent_joins_and_reports_on_its_job(
         f.write(providers.creds["a"].model_dump_json())
     log = providers.conf.with_suffix(".log")
     seen = log.stat().st_size
-    settings = Settings(
+    settings = TrainerSettings(
         nats_url=providers.url,
         provider_creds_file=creds,
         worker_id="ignored",  # the credentials name the worker

@@ -1,6 +1,9 @@
 """Serving what Swarm trains: two adapters trained through the stack, answered in one batch by
 the inference service, through the gateway's OpenAI-compatible routes, the SDK, the CLI, the
-stock ``openai`` client and a plain NATS client; tenants, bad input and a killed worker."""
+stock ``openai`` client and a plain NATS client; tenants, bad input and a killed worker.
+
+Long because: its tests share the costly part, two adapters trained through one stack.
+"""
 
 from __future__ import annotations
 
@@ -304,9 +307,9 @@ def test_bad_requests_get_a_4xx_in_openais_error_shape(
 def test_another_tenants_adapter_is_not_found(stack: Stack, adapters: dict[str, Path]) -> None:
     """A second gateway with API keys, on the same NATS, registry and inference worker."""
     from swarm_gateway.app import create_app
-    from swarm_runtime.settings import Settings
+    from swarm_gateway.settings import GatewaySettings
 
-    settings = Settings(
+    settings = GatewaySettings(
         nats_url=stack.local.nats_url,
         namespace=stack.namespace,
         store_url=stack.local.store_dir.as_uri(),

@@ -38,12 +38,27 @@ def chat_jsonl(n: int) -> bytes:
     return "".join(json.dumps(r) + "\n" for r in rows).encode()
 
 
+def preference_jsonl(n: int) -> bytes:
+    """OpenAI's DPO format: the reversed word preferred over the word as it is."""
+    rows = []
+    for i in range(n):
+        word = WORDS[i % len(WORDS)]
+        rows.append(
+            {
+                "input": {"messages": [{"role": "user", "content": word}]},
+                "preferred_output": [{"role": "assistant", "content": word[::-1]}],
+                "non_preferred_output": [{"role": "assistant", "content": word}],
+            }
+        )
+    return "".join(json.dumps(r) + "\n" for r in rows).encode()
+
+
 @pytest.fixture(scope="module")
 def clients(stack: Stack) -> Iterator[tuple[openai.OpenAI, openai.OpenAI]]:
     from swarm_gateway.app import create_app
-    from swarm_runtime.settings import Settings
+    from swarm_gateway.settings import GatewaySettings
 
-    settings = Settings(
+    settings = GatewaySettings(
         nats_url=stack.local.nats_url,
         namespace=stack.namespace,
         store_url=stack.local.store_dir.as_uri(),
@@ -144,6 +159,43 @@ def test_a_supervised_job_from_upload_to_chat(
     assert listed == [job.id]
 
 
+def test_a_dpo_job_from_upload_to_chat(clients: tuple[openai.OpenAI, openai.OpenAI]) -> None:
+    """OpenAI's DPO method through the stock client: a Swarm DPO job, trained on the stack's
+    trainer, whose model answers at once; its steps' metrics are OpenAI's events."""
+    alice, _ = clients
+    pairs = alice.files.create(file=("pairs.jsonl", preference_jsonl(8)), purpose="fine-tune")
+    job = alice.fine_tuning.jobs.create(
+        model="tiny-llama",
+        training_file=pairs.id,
+        suffix="e2e-dpo",
+        seed=3,
+        method={
+            "type": "dpo",
+            "dpo": {"hyperparameters": {"beta": 0.5, "n_epochs": 1, "batch_size": 4}},
+        },
+    )
+    assert job.method is not None
+    assert job.method.type == "dpo"
+    done = wait_for(alice, job.id)
+    assert done.status == "succeeded", done.error
+    assert done.method is not None
+    assert done.method.dpo is not None
+    assert done.method.dpo.hyperparameters is not None
+    assert done.method.dpo.hyperparameters.beta == 0.5
+    assert done.fine_tuned_model is not None
+    assert done.fine_tuned_model.startswith("e2e-dpo@")
+    events = list(alice.fine_tuning.jobs.list_events(job.id, limit=10))
+    steps = [e.data["step"] for e in events if e.type == "metrics" and "train_loss" in e.data]  # type: ignore[operator,index]
+    assert steps == [2, 1]  # 8 pairs, batches of 4, one epoch
+    answer = alice.chat.completions.create(
+        model=done.fine_tuned_model,
+        messages=[{"role": "user", "content": "moon"}],
+        max_tokens=4,
+        seed=1,
+    )
+    assert answer.model == done.fine_tuned_model
+
+
 def test_documented_errors(clients: tuple[openai.OpenAI, openai.OpenAI]) -> None:
     alice, _ = clients
     with pytest.raises(openai.BadRequestError) as bad_file:
@@ -160,6 +212,15 @@ def test_documented_errors(clients: tuple[openai.OpenAI, openai.OpenAI]) -> None
             model="tiny-llama", training_file=training.id, hyperparameters={"n_epochs": "many"}
         )
     assert hyper.value.param == "hyperparameters.n_epochs"
+    with pytest.raises(openai.BadRequestError) as not_pairs:
+        alice.fine_tuning.jobs.create(
+            model="tiny-llama", training_file=training.id, method={"type": "dpo"}
+        )
+    assert (not_pairs.value.code, not_pairs.value.param) == (
+        "invalid_training_file",
+        "training_file",
+    )
+    assert "a dpo job needs preference pairs" in not_pairs.value.message
     with pytest.raises(openai.AuthenticationError) as denied:
         openai.OpenAI(base_url=str(alice.base_url), api_key="nobody", max_retries=0).files.list()
     assert isinstance(denied.value.body, dict)

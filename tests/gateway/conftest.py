@@ -9,6 +9,7 @@ import pytest
 from fastapi import FastAPI
 
 from swarm_gateway import create_app
+from swarm_gateway.settings import GatewaySettings
 from swarm_runtime.settings import Settings
 
 from ..conftest import ServerThread
@@ -31,7 +32,7 @@ async def client(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
 
 @pytest.fixture
 def auth_settings(settings: Settings) -> Settings:
-    return settings.model_copy(update={"api_keys": "ka=alice,kb=bob"})
+    return GatewaySettings.of(settings, api_keys="ka=alice,kb=bob")
 
 
 @pytest.fixture
@@ -61,8 +62,8 @@ async def tenant_stack(settings: Settings) -> AsyncIterator[ServerThread]:
     from swarm_registry.app import build_app as build_registry
     from swarm_scheduler.app import build_app as build_scheduler
 
-    keyed = settings.model_copy(
-        update={"api_keys": f"{ALICE}=alice,{hash_key(BOB)}=bob", "admin_keys": hash_key(ADMIN)}
+    keyed = GatewaySettings.of(
+        settings, api_keys=f"{ALICE}=alice,{hash_key(BOB)}=bob", admin_keys=hash_key(ADMIN)
     )
     async with build_registry(keyed), build_scheduler(keyed):
         with ServerThread(create_app(keyed, submit_wait_s=5.0, request_timeout_s=5.0)) as gw:

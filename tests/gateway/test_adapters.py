@@ -15,6 +15,7 @@ import pytest
 
 from swarm_contracts.subjects import Subjects
 from swarm_gateway import create_app
+from swarm_gateway.settings import GatewaySettings
 from swarm_registry import build_app
 from swarm_runtime.settings import Settings
 from swarm_runtime.store import ObjectStore, open_store
@@ -36,8 +37,7 @@ class Files:
 async def gateway(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
     registry = build_app(settings)
     await registry.start()
-    keys = {"api_keys": "ka=alice,kb=bob", "admin_keys": "kadmin"}
-    app = create_app(settings.model_copy(update=keys))
+    app = create_app(GatewaySettings.of(settings, api_keys="ka=alice,kb=bob", admin_keys="kadmin"))
     async with (
         app.router.lifespan_context(app),
         httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as c,

@@ -8,6 +8,7 @@ import logging
 import httpx
 import pytest
 
+from swarm_gateway.settings import GatewaySettings
 from swarm_runtime.settings import Settings
 
 from .conftest import make_app
@@ -55,7 +56,7 @@ async def test_auth_off_is_said_loudly_at_start_up(
 
     for keys, warned in (("", True), ("k=alice", False)):
         caplog.clear()
-        app = make_app(settings.model_copy(update={"api_keys": keys}))
+        app = make_app(GatewaySettings.of(settings, api_keys=keys))
         with caplog.at_level(logging.WARNING, logger="swarm_gateway.app"):
             async with app.router.lifespan_context(app):
                 pass

@@ -83,3 +83,22 @@ async def test_ten_thousand_lines_one_bad(live_gateway: ServerThread, tmp_path: 
         lines[7320] = json.dumps({"prompt": "q7320", "completion": "a7320"})
         path.write_text("\n".join(lines) + "\n")
         assert (await c.upload_dataset(path)).examples == 10_000
+
+
+def test_a_preference_pair_counts_its_prompt_and_longer_answer() -> None:
+    from swarm_gateway.dataset_stats import example_text
+
+    pair = {"prompt": "Q?", "chosen": " yes", "rejected": " no, never"}
+    assert example_text(pair) == "Q? no, never"
+    chat = {
+        "prompt": [{"role": "user", "content": "Q?"}],
+        "chosen": [{"role": "assistant", "content": "yes"}],
+        "rejected": [{"role": "assistant", "content": "no"}],
+    }
+    assert example_text(chat) == "user: Q?\nassistant: yes"
+    openai = {
+        "input": {"messages": [{"role": "user", "content": "Q?"}]},
+        "preferred_output": [{"role": "assistant", "content": "a long answer"}],
+        "non_preferred_output": [{"role": "assistant", "content": "short"}],
+    }
+    assert example_text(openai) == "user: Q?\nassistant: a long answer"

@@ -11,6 +11,7 @@ import pytest
 import zstandard
 
 from swarm_gateway import create_app
+from swarm_gateway.settings import GatewaySettings
 from swarm_runtime.settings import Settings
 from swarm_runtime.store import open_store
 
@@ -20,6 +21,19 @@ def jsonl(rows: list[dict]) -> bytes:
 
 
 PC = [{"prompt": f"{i} + 1 =", "completion": f" {i + 1}"} for i in range(5)]
+
+
+PAIRS = [{"prompt": f"{i} + 1 =", "chosen": f" {i + 1}", "rejected": f" {i}"} for i in range(3)]
+CHAT_PAIR = {
+    "prompt": [{"role": "user", "content": "2 + 2?"}],
+    "chosen": [{"role": "assistant", "content": "4"}],
+    "rejected": [{"role": "assistant", "content": "5"}],
+}
+OPENAI_PAIR = {
+    "input": {"messages": [{"role": "user", "content": "2 + 2?"}]},
+    "preferred_output": [{"role": "assistant", "content": "4"}],
+    "non_preferred_output": [{"role": "assistant", "content": "5"}],
+}
 
 
 async def upload(client: httpx.AsyncClient, data: bytes, name: str | None = None) -> httpx.Response:
@@ -59,6 +73,17 @@ async def test_upload_is_content_addressed(client: httpx.AsyncClient, settings: 
         (jsonl([*PC[:3], {"prompt": 1, "completion": "x"}]), "line 4"),
         (b"[1, 2]\n", "line 1"),
         (jsonl(PC[:1]), "at least 2 examples"),
+        (
+            jsonl([PAIRS[0], {"prompt": "q", "chosen": "a"}]),
+            "line 2: a preference pair needs 'rejected'",
+        ),
+        (jsonl([PAIRS[0], {**PAIRS[0], "chosen": 3}]), "line 2: 'chosen' must be a string"),
+        (jsonl([*PAIRS, *PC]), "line 4: format prompt_completion differs"),
+        (
+            jsonl([CHAT_PAIR, {**CHAT_PAIR, "rejected": [{"role": "user", "content": "n"}]}]),
+            "line 2: 'rejected' must end with an assistant message",
+        ),
+        (jsonl([OPENAI_PAIR, {**OPENAI_PAIR, "input": {}}]), "line 2: 'input.messages' must be"),
     ],
 )
 async def test_bad_datasets_name_the_line(
@@ -78,10 +103,15 @@ async def test_all_formats_accepted(client: httpx.AsyncClient) -> None:
     )
     assert (await upload(client, text)).json()["format"] == "text"
     assert (await upload(client, chat)).json()["format"] == "chat"
+    # DPO's preference pairs, in each of their forms.
+    assert (await upload(client, jsonl(PAIRS))).json()["format"] == "preference"
+    assert (await upload(client, jsonl([CHAT_PAIR] * 2))).json()["format"] == "preference_chat"
+    openai = (await upload(client, jsonl([OPENAI_PAIR] * 2))).json()
+    assert openai["format"] == "preference_openai"
 
 
 async def test_upload_size_limit(settings: Settings) -> None:
-    app = create_app(settings.model_copy(update={"max_upload_bytes": 100}))
+    app = create_app(GatewaySettings.of(settings, max_upload_bytes=100))
     async with (
         app.router.lifespan_context(app),
         httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as c,

@@ -53,6 +53,8 @@ def spec(ds: str, **extra: object) -> dict:
         ({"epochs": 3}, ["body", "epochs"]),
         ({"lora": {"r": 0}}, ["body", "lora", "r"]),
         ({"priority": 11}, ["body", "priority"]),
+        ({"method": {"type": "dpo", "beta": 0}}, ["body", "method", "dpo", "beta"]),
+        ({"method": {"type": "ppo"}}, ["body", "method"]),
     ],
 )
 async def test_spec_validation_names_the_field(
@@ -62,6 +64,31 @@ async def test_spec_validation_names_the_field(
     resp = await client.post("/v1/jobs", json=spec(ds, **patch))
     assert resp.status_code == 422, resp.text
     assert loc in [e["loc"] for e in resp.json()["detail"]]
+
+
+async def test_a_method_trains_only_on_its_own_format(client: httpx.AsyncClient) -> None:
+    text = await dataset(client)
+    pairs = "".join(
+        json.dumps({"prompt": f"{i} + 1 =", "chosen": f" {i + 1}", "rejected": f" {i}"}) + "\n"
+        for i in range(4)
+    )
+    resp = await client.post("/v1/datasets", files={"file": ("p.jsonl", pairs.encode())})
+    assert resp.json()["format"] == "preference"
+    preference = resp.json()["id"]
+    dpo = {"method": {"type": "dpo"}}
+    refused = await client.post("/v1/jobs", json=spec(text, **dpo))
+    assert refused.status_code == 422
+    detail = refused.json()["detail"][0]
+    assert detail["loc"] == ["body", "dataset"]
+    assert "holds text examples: a DPO job needs preference pairs" in detail["msg"]
+    refused = await client.post("/v1/jobs", json=spec(preference, validation=text, **dpo))
+    assert refused.json()["detail"][0]["loc"] == ["body", "validation"]
+    refused = await client.post("/v1/jobs", json=spec(preference))
+    assert refused.status_code == 422
+    assert "method {'type': 'dpo'}" in refused.json()["detail"][0]["msg"]
+    accepted = await client.post("/v1/jobs", json=spec(preference, **dpo))
+    assert accepted.status_code in (201, 202), accepted.text
+    assert accepted.json()["spec"]["method"] == {"type": "dpo", "beta": 0.1}
 
 
 async def test_unknown_datasets_are_named(client: httpx.AsyncClient) -> None:

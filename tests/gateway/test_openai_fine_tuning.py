@@ -1,7 +1,10 @@
 """OpenAI's Files and fine-tuning jobs API, driven by the stock ``openai`` client against the
 real gateway and nats-server; the registry and scheduler are played by the test (a registry
 that knows ``tiny@1`` and alice's adapter ``bot@1``, a scheduler that records submissions and
-whose events the test reports)."""
+whose events the test reports).
+
+Long because: its tests all drive one API through the same played registry and scheduler.
+"""
 
 from __future__ import annotations
 
@@ -264,6 +267,91 @@ async def test_create_resolves_auto_and_submits_a_swarm_job(env: Env) -> None:
     assert swarm["spec"]["training"]["lr"] == pytest.approx(1e-4)
 
 
+PAIRS = "".join(
+    json.dumps(
+        {
+            "input": {"messages": [{"role": "user", "content": f"What is {i} + {i}?"}]},
+            "preferred_output": [{"role": "assistant", "content": str(2 * i)}],
+            "non_preferred_output": [{"role": "assistant", "content": str(2 * i + 1)}],
+        }
+    )
+    + "\n"
+    for i in range(10)
+).encode()
+
+
+async def test_a_dpo_job_is_a_swarm_dpo_job(env: Env) -> None:
+    """OpenAI's DPO method (the stock client's ``method.dpo.hyperparameters``) becomes the
+    Swarm spec's ``method``; its preference file is checked line by line, and a supervised
+    job on it (or a DPO job on a supervised file) is refused naming the file."""
+    pairs = await upload(env.alice, PAIRS)
+    ds = (await env.http.get(f"/v1/datasets/ds-{pairs.removeprefix('file-')}")).json()
+    assert (ds["format"], ds["examples"]) == ("preference_openai", 10)
+    job = await env.alice.fine_tuning.jobs.create(
+        model="tiny",
+        training_file=pairs,
+        method={"type": "dpo", "dpo": {"hyperparameters": {"beta": 0.25, "n_epochs": 1}}},
+    )
+    assert job.method is not None
+    assert job.method.dpo is not None
+    assert job.method.type == "dpo"
+    assert job.method.supervised is None
+    hyper = job.method.dpo.hyperparameters
+    assert hyper is not None
+    assert (hyper.beta, hyper.n_epochs, hyper.batch_size) == (0.25, 1, 8)
+    swarm = (await env.http.get(f"/v1/jobs/job-{job.id.removeprefix('ftjob-')}")).json()
+    assert swarm["spec"]["method"] == {"type": "dpo", "beta": 0.25}
+    assert swarm["spec"]["training"]["max_steps"] == math.ceil(10 / 8)
+    auto = await env.alice.fine_tuning.jobs.create(
+        model="tiny", training_file=pairs, method={"type": "dpo"}
+    )
+    assert auto.method is not None
+    assert auto.method.dpo is not None
+    assert auto.method.dpo.hyperparameters is not None
+    assert auto.method.dpo.hyperparameters.beta == 0.1  # "auto"
+    retrieved = await env.alice.fine_tuning.jobs.retrieve(job.id)
+    assert retrieved.method is not None
+    assert retrieved.method.type == "dpo"
+
+    refusals = [
+        ({"training_file": pairs}, "training_file", "invalid_training_file"),
+        (
+            {
+                "training_file": pairs,
+                "method": {"type": "dpo", "dpo": {"hyperparameters": {"beta": 0}}},
+            },
+            "method.dpo.hyperparameters.beta",
+            "invalid_value",
+        ),
+        (
+            {"training_file": pairs, "method": {"type": "dpo", "supervised": {}}},
+            "method.supervised",
+            "invalid_value",
+        ),
+    ]
+    for create, param, code in refusals:
+        with pytest.raises(openai.BadRequestError) as refused:
+            await env.alice.fine_tuning.jobs.create(model="tiny", **create)  # type: ignore[arg-type]
+        assert (refused.value.body["param"], refused.value.code) == (param, code), create  # type: ignore[index]
+    # A pair with an answer that is not the assistant's: the line is named.
+    bad = (
+        PAIRS
+        + json.dumps(
+            {
+                "input": {"messages": [{"role": "user", "content": "hi"}]},
+                "preferred_output": [{"role": "user", "content": "x"}],
+                "non_preferred_output": [{"role": "assistant", "content": "y"}],
+            }
+        ).encode()
+        + b"\n"
+    )
+    with pytest.raises(openai.BadRequestError) as refused:
+        await env.alice.files.create(file=("bad.jsonl", bad), purpose="fine-tune")
+    assert "line 11: 'preferred_output' must end with an assistant message" in str(
+        refused.value.body
+    )
+
+
 BAD_CREATES = [
     ({"model": "nope"}, "model", "model_not_available"),
     ({"training_file": "file-000000000000000000000000"}, "training_file", "invalid_file"),
@@ -282,7 +370,9 @@ BAD_CREATES = [
         "hyperparameters",
         "invalid_value",
     ),
-    ({"method": {"type": "dpo"}}, "method.type", "unsupported_method"),
+    ({"method": {"type": "reinforcement"}}, "method.type", "unsupported_method"),
+    # A DPO job on a supervised file: the file is named.
+    ({"method": {"type": "dpo"}}, "training_file", "invalid_training_file"),
     ({"metadata": {"k" * 65: "v"}}, "metadata." + "k" * 65, "invalid_value"),
     ({"extra_body": {"epochs": 3}}, "epochs", "invalid_value"),
     ({"extra_body": {"swarm": {"training": {"lr": 5}}}}, "swarm.training.lr", "invalid_value"),

@@ -40,6 +40,7 @@ from swarm_contracts.layout import output_adapter
 from swarm_contracts.registry import AdapterVersion, Lineage, RegisterAdapter, Reply
 from swarm_contracts.subjects import Subjects
 from swarm_gateway import create_app
+from swarm_gateway.settings import GatewaySettings
 from swarm_runtime.records import RecordTable
 from swarm_runtime.settings import Settings
 from swarm_runtime.store import open_store
@@ -227,7 +228,7 @@ def fuzz_gateway(
     nats_server: NatsServer, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[str]:
     tmp: Path = tmp_path_factory.mktemp("fuzz")
-    cfg = Settings(
+    cfg = GatewaySettings(
         nats_url=nats_server.url,
         namespace="fz" + uuid.uuid4().hex[:8],
         store_url=(tmp / "store").as_uri(),

@@ -11,7 +11,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from pydantic import BaseModel
 
-from swarm_contracts.replies import Reply
+from swarm_contracts.replies import Action, Reply
 from swarm_contracts.subjects import Subjects
 from swarm_runtime.rpc import Refused, ServiceClient, Unavailable, answer
 from swarm_runtime.settings import Settings
@@ -24,6 +24,12 @@ class Echo(BaseModel):
 class Shout(BaseModel):
     text: str
     length: int
+
+
+SHOUT = Action("echo.shout", Echo, Shout)
+SILENT = Action("echo.silent", Echo, Shout)
+GARBLED = Action("echo.garbled", Echo, Shout)
+NOBODY = Action("nobody.home", Echo, Shout)
 
 
 async def shout(request: Echo) -> Shout:
@@ -53,7 +59,7 @@ async def client(nc: Client, settings: Settings) -> AsyncIterator[ServiceClient]
         if msg.subject.endswith(".garbled"):
             await msg.respond(b'{"ok": "perhaps"}')
             return
-        reply = await answer(Reply[Shout], shout(Echo.model_validate_json(msg.data)))
+        reply = await answer(SHOUT.reply, shout(Echo.model_validate_json(msg.data)))
         await msg.respond(reply.model_dump_json().encode())
 
     sub = await nc.subscribe(subjects.registry("echo.*"), cb=handler)
@@ -63,9 +69,9 @@ async def client(nc: Client, settings: Settings) -> AsyncIterator[ServiceClient]
 
 
 async def test_a_result_comes_back_typed(client: ServiceClient) -> None:
-    result = await client.call("echo.shout", Echo(text="hi"), Shout)
+    result = await client.call(SHOUT, Echo(text="hi"))
     assert result == Shout(text="HI", length=2)
-    reply = await client.ask("echo.shout", Echo(text="hi"), Shout)
+    reply = await client.ask(SHOUT, Echo(text="hi"))
     assert reply.ok
     assert reply.code is None
 
@@ -77,25 +83,25 @@ async def test_a_result_comes_back_typed(client: ServiceClient) -> None:
 async def test_a_refusal_keeps_its_code_and_message(
     client: ServiceClient, text: str, code: str, words: str
 ) -> None:
-    reply = await client.ask("echo.shout", Echo(text=text), Shout)
+    reply = await client.ask(SHOUT, Echo(text=text))
     assert not reply.ok
     assert reply.code == code
     with pytest.raises(Refused) as refused:
-        await client.call("echo.shout", Echo(text=text), Shout)
+        await client.call(SHOUT, Echo(text=text))
     assert refused.value.code == code
     assert words in refused.value.message
 
 
 async def test_a_handler_crash_is_an_internal_refusal_not_a_timeout(client: ServiceClient) -> None:
     with pytest.raises(Refused) as refused:
-        await client.call("echo.shout", Echo(text="boom"), Shout)
+        await client.call(SHOUT, Echo(text="boom"))
     assert refused.value.code == "internal"
     assert "ZeroDivisionError" in refused.value.message
 
 
 async def test_nobody_listening_is_unavailable(client: ServiceClient) -> None:
     with pytest.raises(Unavailable) as down:
-        await client.call("nobody.home", Echo(text="hi"), Shout)
+        await client.call(NOBODY, Echo(text="hi"))
     assert down.value.service == "registry"
     assert "no responders" in down.value.reason
 
@@ -104,14 +110,14 @@ async def test_a_silent_service_is_unavailable_after_the_timeout(client: Service
     loop = asyncio.get_running_loop()
     started = loop.time()
     with pytest.raises(Unavailable) as down:
-        await client.call("echo.silent", Echo(text="hi"), Shout, wait_s=0.3)
+        await client.call(SILENT, Echo(text="hi"), wait_s=0.3)
     assert "within 0.3s" in down.value.reason
     assert loop.time() - started < 2
 
 
 async def test_a_garbled_reply_is_an_internal_refusal(client: ServiceClient) -> None:
     with pytest.raises(Refused) as refused:
-        await client.call("echo.garbled", Echo(text="hi"), Shout)
+        await client.call(GARBLED, Echo(text="hi"))
     assert refused.value.code == "internal"
     assert "malformed reply" in refused.value.message
 
@@ -119,7 +125,7 @@ async def test_a_garbled_reply_is_an_internal_refusal(client: ServiceClient) -> 
 async def test_a_closed_connection_is_unavailable(client: ServiceClient, nc: Client) -> None:
     await nc.close()
     with pytest.raises(Unavailable, match="NATS unavailable"):
-        await client.call("echo.shout", Echo(text="hi"), Shout)
+        await client.call(SHOUT, Echo(text="hi"))
 
 
 def test_a_refusal_of_an_older_service_without_a_code_reads_as_invalid() -> None:

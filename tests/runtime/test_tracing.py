@@ -95,10 +95,11 @@ async def test_one_job_is_one_trace_from_gateway_to_registry(
     from swarm_registry.app import build_app as build_registry
     from swarm_scheduler.app import build_app as build_scheduler
     from swarm_trainer.app import build_app as build_trainer
+    from swarm_trainer.settings import TrainerSettings
     from swarm_trainer.tiny_model import create_tiny_model
 
-    settings = settings.model_copy(
-        update={"worker_id": "w-trace", "heartbeat_interval_s": 0.5, "trainer_cpus": 2}
+    settings = TrainerSettings.of(
+        settings, worker_id="w-trace", heartbeat_interval_s=0.5, trainer_cpus=2
     )
     registry, scheduler, trainer = (
         build_registry(settings),

@@ -33,6 +33,7 @@ from swarm_runtime.store import open_store
 from swarm_runtime.topology import ensure_topology, kv_bucket
 from swarm_scheduler.app import build_app as build_scheduler
 from swarm_scheduler.scheduler import Scheduler
+from swarm_scheduler.settings import SchedulerSettings
 
 DATASET_SHA = "ab" * 32
 DATASET_ID = dataset_id_for(DATASET_SHA)
@@ -64,7 +65,7 @@ async def wait_record(
 
 
 class Harness:
-    def __init__(self, settings: Settings, nc: Client) -> None:
+    def __init__(self, settings: SchedulerSettings, nc: Client) -> None:
         self.settings = settings
         self.nc = nc
         self.js = nc.jetstream()
@@ -243,7 +244,7 @@ async def running_harness(
 ) -> AsyncIterator[Harness]:
     """A registry and a scheduler with ``overrides`` applied to the test settings."""
     defaults: dict[str, Any] = {"worker_timeout_s": 1.5, "max_attempts": 2}
-    settings = settings.model_copy(update=defaults | overrides)
+    settings = SchedulerSettings.of(settings, **(defaults | overrides))
     nc = await nats.connect(settings.nats_url)
     h = Harness(settings, nc)
     await h.setup()

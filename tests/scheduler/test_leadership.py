@@ -90,8 +90,8 @@ async def _stop_first_scheduler(h: Harness) -> None:
     """Freeze the harness's scheduler as a crashed process would be: no renewals, no hand-back
     of the lease (so the follower must wait it out), no more work."""
     assert h.scheduler is not None
-    assert h.scheduler.leadership is not None
-    leadership = h.scheduler.leadership
+    leadership = h.scheduler.lead.leadership
+    assert leadership is not None
     assert leadership.leading
     assert leadership._task is not None
     leadership._task.cancel()

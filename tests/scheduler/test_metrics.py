@@ -11,6 +11,7 @@ from swarm_contracts.jobs import JobState
 from swarm_registry.app import build_app as build_registry
 from swarm_runtime.settings import Settings
 from swarm_scheduler.app import build_app as build_scheduler
+from swarm_scheduler.settings import SchedulerSettings
 
 from ..conftest import sample, scrape
 from .conftest import Harness
@@ -19,7 +20,7 @@ from .conftest import Harness
 async def test_queue_placement_workers_and_messages_move(
     settings: Settings, tmp_path: Path
 ) -> None:
-    settings = settings.model_copy(update={"metrics_port": 0, "worker_timeout_s": 1.5})
+    settings = SchedulerSettings.of(settings, metrics_port=0, worker_timeout_s=1.5)
     nc = await nats.connect(settings.nats_url)
     h = Harness(settings, nc)
     await h.setup()

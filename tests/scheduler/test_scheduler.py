@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from swarm_contracts.events import Failed, Started, Succeeded
+from swarm_contracts.events import Failed, Requeued, Started, Succeeded
 from swarm_contracts.jobs import AdapterRef, JobState, job_id_for, utcnow
 from swarm_contracts.workers import Gpu, Resources, RunningJob, WorkerInfo
 from swarm_runtime.records import RecordTable
@@ -164,6 +164,20 @@ async def test_a_lost_worker_s_job_moves_on_and_its_late_result_is_rejected(
         "started",
         "succeeded",
     ]
+
+
+async def test_a_worker_may_not_send_the_schedulers_own_events(harness: Harness) -> None:
+    # Who may send what is the event's meaning (`Requeued.meaning.origin`: the scheduler).
+    await harness.submit(harness.spec(), msg_id="k")
+    job_id = job_id_for("default", "k")
+    await harness.heartbeat("w1")
+    await harness.wait_record(job_id, lambda r: r.state == JobState.assigned)
+    # From the attempt's own worker, with its token: still not the worker's to say.
+    await harness.emit(Requeued(job_id=job_id, attempt=1, reason="I say so"))
+    await harness.emit(Started(job_id=job_id, attempt=1, worker_id="w1"))
+    record = await harness.wait_record(job_id, lambda r: r.state == JobState.running)
+    assert (record.attempt, record.worker_id) == (1, "w1")
+    assert names(await harness.events(job_id)) == ["queued", "assigned", "started"]
 
 
 async def test_a_paused_scheduler_does_not_take_jobs_from_workers_that_kept_beating(

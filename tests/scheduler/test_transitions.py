@@ -10,6 +10,7 @@ from swarm_contracts.events import (
     Validated,
 )
 from swarm_contracts.jobs import AdapterRef, JobRecord, JobSpec, JobState
+from swarm_contracts.methods import PreferenceMetrics
 from swarm_contracts.verification import ReplayReport, VerifyTarget
 from swarm_scheduler.transitions import apply_event
 
@@ -75,6 +76,25 @@ def test_progress_updates_the_latest_metrics() -> None:
     )
     assert new is not None
     assert new.metrics == {"step": 7, "loss": 0.5, "tokens_per_s": 99.0}
+
+
+def test_a_dpo_jobs_rewards_are_in_the_record() -> None:
+    rewards = PreferenceMetrics(
+        reward_accuracy=0.75, chosen_reward=0.2, rejected_reward=-0.1, margin=0.3
+    )
+    progress = Progress(
+        job_id="job-1", attempt=1, step=3, max_steps=9, loss=0.6, lr=1e-4, tokens_per_s=9.0
+    )
+    new = apply_event(record(JobState.running), progress.model_copy(update={"preference": rewards}))
+    assert new is not None
+    assert new.metrics["reward_accuracy"] == 0.75
+    assert new.metrics["margin"] == 0.3
+    validated = Validated(
+        job_id="job-1", attempt=1, step=3, eval_loss=0.6, perplexity=3.0, preference=rewards
+    )
+    later = apply_event(new, validated)
+    assert later is not None
+    assert (later.metrics["eval_reward_accuracy"], later.metrics["eval_loss"]) == (0.75, 0.6)
 
 
 def test_an_older_report_applied_late_does_not_move_the_metrics_back() -> None:

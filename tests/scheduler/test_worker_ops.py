@@ -101,6 +101,7 @@ async def test_a_leaving_worker_gets_nothing_and_its_goodbye_requeues_its_jobs_a
             first, lambda r: r.state == JobState.queued, timeout=5
         )
         assert "worker shut down" in (requeued.reason or "")
+        assert requeued.faults == 0  # it left on purpose: not a failed attempt
         await h.heartbeat("w3", cpus=2)
         await h.wait_record(first, on("w3"))
         await h.wait_record(second, on("w3"))

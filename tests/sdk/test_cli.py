@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import nats
@@ -102,6 +105,24 @@ def test_unreachable_gateway_is_a_clear_error() -> None:
     code, out = cli("http://127.0.0.1:9", "jobs")
     assert code == 2
     assert "cannot reach" in out
+
+
+@pytest.mark.parametrize("module", ["swarm", "swarm.cli"])
+def test_python_m_runs_the_cli(module: str) -> None:
+    """`python -m swarm` is the `swarm` command, every group joined in."""
+    ran = subprocess.run(
+        [sys.executable, "-m", module, "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "COLUMNS": "120"},
+    )
+    assert ran.returncode == 0, ran.stderr
+    assert "Usage: swarm " in ran.stdout, ran.stdout
+    commands = {"up", "demo", "submit", "chat", "jobs", "models", "datasets", "adapters"}
+    commands |= {"sweep", "sweeps", "workers", "providers"}
+    listed = {line.split()[1] for line in ran.stdout.splitlines() if line.startswith("│ ")}
+    assert commands <= listed, ran.stdout
 
 
 async def test_jobs_listing_and_follow(gateway, settings: Settings, dataset_file: Path) -> None:  # type: ignore[no-untyped-def]

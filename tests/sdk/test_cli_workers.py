@@ -12,8 +12,8 @@ import nats
 from rich.console import Console
 from typer.testing import CliRunner
 
-import swarm.cli
 from swarm.cli import app
+from swarm.cli.output import out
 from swarm_contracts.jobs import utcnow
 from swarm_contracts.subjects import Subjects
 from swarm_contracts.workers import Resources, WorkerInfo, WorkerOps
@@ -26,7 +26,7 @@ runner = CliRunner()
 
 def cli(gateway_url: str, *args: str) -> tuple[int, str]:
     # A wide console whatever the terminal (none, under pytest-xdist): no wrapped cells.
-    with patch.object(swarm.cli, "console", Console(width=200)):
+    with patch.object(out, "console", Console(width=200)):
         result = runner.invoke(app, ["--url", gateway_url, *args])
     return result.exit_code, result.output
 

@@ -38,6 +38,7 @@ from swarm_contracts.workers import Assignment
 from swarm_runtime.records import RecordTable
 from swarm_runtime.settings import Settings
 from swarm_runtime.store import open_store
+from swarm_trainer.settings import TrainerSettings
 
 from ..conftest import S3Server
 from ..deploy.test_nats_permissions import as_service, connect, run_nats, shipped_config
@@ -126,7 +127,7 @@ async def stack(
     with os.fdopen(fd, "w") as f:
         f.write(creds["honest"].model_dump_json())
     agent = join_settings(
-        Settings(
+        TrainerSettings(
             nats_url=url,
             work_dir=tmp / "work",
             heartbeat_interval_s=0.5,

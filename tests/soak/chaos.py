@@ -19,6 +19,9 @@ so that it hits something, once its target is busy):
 * ``nats_restart``: nats-server stopped and started again on its port and store.
 * ``s3_outage``: the S3 server stopped for a while as jobs upload checkpoints.
 * ``disk_full``: a trainer's work disk filled while it runs a job, then freed (see ``WorkDisk``).
+
+Long because: one driver for a whole plan: the stack, each fault's injection and the run share
+the stack's processes.
 """
 
 from __future__ import annotations

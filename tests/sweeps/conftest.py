@@ -29,13 +29,12 @@ class ControlStack:
 @pytest.fixture
 async def control_stack(settings: Settings, tmp_path: Path) -> AsyncIterator[ControlStack]:
     from swarm_gateway import create_app
+    from swarm_gateway.settings import GatewaySettings
     from swarm_registry.app import build_app as build_registry
     from swarm_scheduler.app import build_app as build_scheduler
     from swarm_sweeps.app import build_app as build_sweeps
 
-    keyed = settings.model_copy(
-        update={"api_keys": f"{ALICE}=alice,{BOB}=bob", "admin_keys": ADMIN}
-    )
+    keyed = GatewaySettings.of(settings, api_keys=f"{ALICE}=alice,{BOB}=bob", admin_keys=ADMIN)
     async with build_registry(keyed), build_scheduler(keyed), build_sweeps(keyed):
         with ServerThread(create_app(keyed, submit_wait_s=5.0, request_timeout_s=5.0)) as gw:
             write_fake_model(tmp_path / "model")

@@ -14,13 +14,25 @@ import nats.errors
 import pytest
 from nats.aio.client import Client
 
-from swarm_contracts.events import Assigned, Failed, JobEvent, Progress, Queued, Started, Validated
+from swarm_contracts.events import (
+    Assigned,
+    Failed,
+    JobEvent,
+    Progress,
+    Queued,
+    Released,
+    Replayed,
+    Started,
+    Validated,
+)
 from swarm_contracts.jobs import JobSpec
 from swarm_contracts.metrics import TrainPoint
 from swarm_contracts.subjects import Subjects
+from swarm_contracts.verification import ReplayReport
 from swarm_runtime.settings import Settings
 from swarm_telemetry import TelemetryService, build_app
-from swarm_telemetry.series import downsample
+from swarm_telemetry.series import SeriesStore, downsample
+from swarm_telemetry.settings import TelemetrySettings
 
 Publish = Callable[[JobEvent], Awaitable[None]]
 
@@ -188,7 +200,7 @@ async def test_run_serves_http_on_the_configured_port(settings: Settings, publis
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    settings = settings.model_copy(update={"telemetry_port": port, "otel_exporter": "console"})
+    settings = TelemetrySettings.of(settings, telemetry_port=port, otel_exporter="console")
     await publish(progress("job-h", 1))
     service = build_app(settings)
     task = asyncio.create_task(service.run())
@@ -220,3 +232,31 @@ def test_downsample_keeps_first_last_and_bound(n: int, m: int) -> None:
         assert picked[0] == 0
         assert picked[-1] == n - 1
     assert downsample(points, None) == points
+
+
+def test_a_replay_job_ends_succeeded_in_the_jobs_by_state_count() -> None:
+    # A replay job ends with `replayed`, never `succeeded`: it must not stay "running".
+    store = SeriesStore()
+    spec = JobSpec(name="bot", base_model="tiny", dataset="ds-" + "a" * 24)
+    report = ReplayReport(from_step=2, to_step=4, distances={"q": 0.0}, losses={3: 1.0, 4: 0.9})
+    for event in [
+        Queued(job_id="job-r", tenant="acme", spec=spec),
+        Assigned(job_id="job-r", attempt=1, worker_id="w2"),
+        Started(job_id="job-r", attempt=1, worker_id="w2"),
+        progress("job-r", 3),
+        Replayed(job_id="job-r", attempt=1, worker_id="w2", report=report),
+    ]:
+        store.apply(event)
+    assert store.count_by_state()["succeeded"] == 1
+    assert store.count_by_state()["running"] == 0
+    assert store.running_tokens_per_s() == 0.0
+
+
+def test_an_event_that_leaves_the_state_moves_no_count() -> None:
+    store = SeriesStore()
+    store.apply(Started(job_id="job-h", attempt=1, worker_id="w1"))
+    store.apply(Released(job_id="job-h", attempt=1, worker_id="w1", reason="drained"))
+    # Still running until the scheduler's `requeued` comes.
+    counts = store.count_by_state()
+    assert counts["running"] == 1
+    assert sum(counts.values()) == 1

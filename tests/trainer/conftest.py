@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import zstandard
 
-from swarm_contracts.datasets import DatasetInfo, dataset_id_for
+from swarm_contracts.datasets import DatasetFormat, DatasetInfo, dataset_id_for
 from swarm_contracts.jobs import JobSpec, ModelRef
 from swarm_contracts.layout import DATASETS, dataset_key, join_key
 from swarm_contracts.workers import Assignment
@@ -57,12 +57,25 @@ def arithmetic_records(n: int = 48) -> list[dict[str, str]]:
     ]
 
 
+def preference_records(n: int = 48) -> list[dict[str, str]]:
+    """The arithmetic set as preference pairs: the right sum over a wrong one."""
+    return [
+        {
+            "prompt": f"Question: what is {i} plus {i}? Answer:",
+            "chosen": f" {2 * i}.",
+            "rejected": f" {2 * i + 1}.",
+        }
+        for i in range(n)
+    ]
+
+
 def put_dataset(
     store: ObjectStore,
     records: list[dict[str, Any]],
     tenant: str = "default",
     *,
     legacy_plain: bool = False,
+    dataset_format: DatasetFormat = "prompt_completion",
 ) -> DatasetInfo:
     """As the gateway stores it: zstd at ``dataset_key``; ``legacy_plain``: as it did before
     compression, plain JSONL at ``<sha256>.jsonl``."""
@@ -79,7 +92,7 @@ def put_dataset(
         tenant=tenant,
         sha256=sha,
         store_key=key,
-        format="prompt_completion",
+        format=dataset_format,
         examples=len(records),
         bytes=len(data),
     )
@@ -102,10 +115,18 @@ def make_assignment(
     training: dict[str, Any] | None = None,
     lora: dict[str, Any] | None = None,
     resources: dict[str, Any] | None = None,
+    method: dict[str, Any] | None = None,
 ) -> Assignment:
-    dataset = put_dataset(store, arithmetic_records())
+    """A job on the arithmetic set: prompt/completion examples, or with a DPO ``method`` the
+    same prompts with the right sum chosen over a wrong one."""
+    dpo = method is not None and method.get("type") == "dpo"
+    records = preference_records() if dpo else arithmetic_records()
+    dataset = put_dataset(
+        store, records, dataset_format="preference" if dpo else "prompt_completion"
+    )
     spec = JobSpec.model_validate(
         {
+            "method": method or {"type": "sft"},
             "name": "arith",
             "base_model": "tiny-llama",
             "dataset": dataset.id,

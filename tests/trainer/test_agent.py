@@ -22,6 +22,7 @@ from swarm_runtime.store import open_store
 from swarm_runtime.topology import ensure_topology, kv_bucket
 from swarm_trainer.agent import TrainerAgent
 from swarm_trainer.app import build_app
+from swarm_trainer.settings import TrainerSettings
 
 from .conftest import make_assignment
 
@@ -80,7 +81,7 @@ async def run_agent_job(
     cancel_after: str = "progress",
 ) -> tuple[Events, Assignment, Any]:
     s = Subjects(settings.namespace)
-    settings = settings.model_copy(update={"worker_id": "w-test", "heartbeat_interval_s": 0.5})
+    settings = TrainerSettings.of(settings, worker_id="w-test", heartbeat_interval_s=0.5)
     store = open_store(settings)
     job = make_assignment(store, tiny_model_dir, worker_id="w-test", training=training, lora=lora)
     if model_key is not None:
@@ -198,7 +199,7 @@ async def test_a_cancel_takes_effect_within_seconds_while_ray_starts_the_run(
     """Until the training loop runs, nothing polls the cancel flag (here the run stalls five
     minutes before its first step, as Ray's and the ranks' start-up take tens of seconds on a
     loaded machine): the agent aborts the Ray run and reports the cancel within seconds."""
-    settings = settings.model_copy(update={"trainer_test_hook": "stall_start"})
+    settings = TrainerSettings.of(settings, trainer_test_hook="stall_start")
     events, _, _ = await run_agent_job(
         settings, tiny_model_dir, {"max_steps": 1000}, cancel=True, cancel_after="started"
     )
@@ -209,6 +210,22 @@ async def test_a_cancel_takes_effect_within_seconds_while_ray_starts_the_run(
     # Ray tore the run down (its controller, and with it the ranks, killed once it had
     # started: tens of seconds on a loaded machine), not five minutes later.
     assert events.torn_down_s < 90.0
+    # And gave back the CPUs its ranks held: a killed controller leaves its placement group,
+    # which would keep the next attempt placed on this worker waiting forever.
+    assert await _placement_groups_left(timeout=30.0) == []
+
+
+async def _placement_groups_left(timeout: float) -> list[str]:
+    """The ids of placement groups not removed ``timeout`` seconds from now (or sooner)."""
+    from ray.util import placement_group_table
+
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        left = [pg for pg, info in placement_group_table().items() if info["state"] != "REMOVED"]
+        if not left or loop.time() > deadline:
+            return left
+        await asyncio.sleep(0.5)
 
 
 async def test_agent_fails_a_job_whose_model_is_missing(
@@ -235,7 +252,7 @@ async def test_agent_fails_a_qlora_job_it_cannot_quantize_with_the_reason(
 
 async def bare_agent(settings: Settings) -> TrainerAgent:
     """An agent (worker ``w-test``) connected to NATS, with no Ray and no subscriptions."""
-    app = build_app(settings.model_copy(update={"worker_id": "w-test"}))
+    app = build_app(TrainerSettings.of(settings, worker_id="w-test"))
     agent: TrainerAgent = app.agent  # type: ignore[attr-defined]
     await agent.broker.connect()
     js = agent.broker.connection.jetstream()

@@ -21,6 +21,7 @@ from swarm_runtime.settings import Settings
 from swarm_runtime.store import open_store
 from swarm_runtime.topology import ensure_topology, kv_bucket
 from swarm_trainer.app import build_app
+from swarm_trainer.settings import TrainerSettings
 
 from ..conftest import S3Server
 from ..registry.test_store_access import s3_settings
@@ -36,8 +37,8 @@ async def test_an_agent_without_store_keys_trains_checkpoints_and_registers(
     s = Subjects(settings.namespace)
     cluster = s3_settings(settings, s3_server)  # the registry's: it holds the keys
     store = open_store(cluster)
-    agent_settings = settings.model_copy(
-        update={"worker_id": "w-signed", "heartbeat_interval_s": 0.5, "store_access": "signed"}
+    agent_settings = TrainerSettings.of(
+        settings, worker_id="w-signed", heartbeat_interval_s=0.5, store_access="signed"
     )
     assert agent_settings.s3_access_key is None
     job = make_assignment(

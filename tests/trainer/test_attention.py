@@ -16,9 +16,9 @@ from swarm_contracts.jobs import LoraSpec, TrainingSpec
 from swarm_trainer import attention
 from swarm_trainer.attention import AttentionUnavailable, choose_attention, segments
 from swarm_trainer.compute import Compute
-from swarm_trainer.data import Batch, BatchSampler, Example, StepBatches, collate_packed, tokenize
+from swarm_trainer.data import Batch, BatchSampler, Example, StepBatches, collate_packed
+from swarm_trainer.methods.sft import causal_lm_loss, tokenize
 from swarm_trainer.model import build_model
-from swarm_trainer.step import causal_lm_loss
 
 RECORDS = [
     {"prompt": "Question: what is 3 plus 3? Answer:", "completion": " 6."},

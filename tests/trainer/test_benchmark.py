@@ -16,8 +16,8 @@ from faststream.nats import NatsBroker
 from rich.console import Console
 from typer.testing import CliRunner
 
-import swarm.cli
 from swarm.cli import app as cli_app
+from swarm.cli.output import out
 from swarm_contracts.subjects import Subjects
 from swarm_contracts.workers import BenchmarkRequest, WorkerBenchmark
 from swarm_gateway import create_app
@@ -27,6 +27,7 @@ from swarm_trainer.agent import TrainerAgent
 from swarm_trainer.app import build_app
 from swarm_trainer.benchmark import _in_child, measure
 from swarm_trainer.benchmark_history import Benchmarks
+from swarm_trainer.settings import TrainerSettings
 
 from ..conftest import ServerThread
 
@@ -51,7 +52,7 @@ async def test_a_gpu_worker_measures_in_a_child_process() -> None:
 
 
 async def test_a_worker_with_its_benchmark_off_refuses_to_run_it(settings: Settings) -> None:
-    agent = TrainerAgent(settings.model_copy(update={"benchmark_s": 0.0}), NatsBroker())
+    agent = TrainerAgent(TrainerSettings.of(settings, benchmark_s=0.0), NatsBroker())
     with pytest.raises(Refused) as refused:
         await agent.benchmark_requested(BenchmarkRequest(worker_id=agent.worker_id))
     assert refused.value.code == "conflict"
@@ -60,7 +61,7 @@ async def test_a_worker_with_its_benchmark_off_refuses_to_run_it(settings: Setti
 
 
 def cli(gateway_url: str, *args: str) -> tuple[int, str]:
-    with patch.object(swarm.cli, "console", Console(width=200)):
+    with patch.object(out, "console", Console(width=200)):
         result = CliRunner().invoke(cli_app, ["--url", gateway_url, *args])
     return result.exit_code, result.output
 
@@ -83,13 +84,12 @@ async def test_an_agent_joins_measured_and_measures_again_on_request(
     from swarm_scheduler.app import build_app as build_scheduler
 
     s = Subjects(settings.namespace)
-    settings = settings.model_copy(
-        update={
-            "worker_id": "w-bench",
-            "heartbeat_interval_s": 0.3,
-            "benchmark_s": 0.2,
-            "advertised_tflops": 1e6,  # more than any CPU: it must be flagged slow
-        }
+    settings = TrainerSettings.of(
+        settings,
+        worker_id="w-bench",
+        heartbeat_interval_s=0.3,
+        benchmark_s=0.2,
+        advertised_tflops=1e6,  # more than any CPU: it must be flagged slow
     )
     heartbeats: list[dict[str, Any]] = []
     nc = await nats.connect(settings.nats_url)
@@ -180,7 +180,7 @@ async def test_a_benchmark_taken_under_load_does_not_stand_for_ever(
     # The agent imports it when it measures (torch is imported only then).
     monkeypatch.setattr(benchmark_module, "run_benchmark", fake_run)
     agent = TrainerAgent(
-        settings.model_copy(update={"benchmark_s": 1.0, "benchmark_every_s": 0.05}), NatsBroker()
+        TrainerSettings.of(settings, benchmark_s=1.0, benchmark_every_s=0.05), NatsBroker()
     )
     await agent.measure()  # at start, under load
     assert tflops(agent) == 0.2

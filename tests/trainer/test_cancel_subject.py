@@ -19,6 +19,7 @@ from swarm_contracts.events import CancelRequest
 from swarm_contracts.subjects import Subjects
 from swarm_runtime.settings import Settings
 from swarm_trainer.app import build_app
+from swarm_trainer.settings import TrainerSettings
 
 pytestmark = pytest.mark.slow
 
@@ -27,7 +28,7 @@ async def test_the_agent_never_answers_a_cancellation(
     ray_cluster: None, settings: Settings
 ) -> None:
     s = Subjects(settings.namespace)
-    app = build_app(settings.model_copy(update={"worker_id": "w-cancel"}))
+    app = build_app(TrainerSettings.of(settings, worker_id="w-cancel"))
     await app.start()
     nc = await nats.connect(settings.nats_url)
     try:

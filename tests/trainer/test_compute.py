@@ -15,7 +15,8 @@ from swarm_contracts.jobs import LoraSpec, TrainingSpec
 from swarm_runtime.store import LocalStore
 from swarm_trainer import compute as compute_module
 from swarm_trainer.compute import Compute, KernelsUnavailable, choose_compute, liger_installed
-from swarm_trainer.data import collate_packed, tokenize
+from swarm_trainer.data import collate_packed
+from swarm_trainer.methods.sft import tokenize
 from swarm_trainer.model import build_model
 from swarm_trainer.run import PreflightError, preflight
 

@@ -11,10 +11,10 @@ from peft import get_peft_model_state_dict
 from safetensors.torch import load_file
 
 from swarm_contracts.jobs import LoraSpec, TrainingSpec
-from swarm_runtime.settings import Settings
 from swarm_runtime.store import LocalStore
 from swarm_trainer.model import build_model
 from swarm_trainer.run import PreflightError, committed_checkpoint_step, preflight, run_job
+from swarm_trainer.settings import TrainerSettings
 
 from .conftest import drain, make_assignment
 from .test_resume import losses_by_step
@@ -37,7 +37,7 @@ def run(
     from ray.util.queue import Queue
 
     store = LocalStore(tmp_path / "store")
-    settings = Settings(store_url=store.url, work_dir=tmp_path / "work")
+    settings = TrainerSettings(store_url=store.url, work_dir=tmp_path / "work")
     job = make_assignment(
         store,
         tiny_model_dir,

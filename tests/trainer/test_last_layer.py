@@ -11,9 +11,9 @@ import torch
 
 from swarm_contracts.jobs import LoraSpec, TrainingSpec
 from swarm_trainer import last_layer
-from swarm_trainer.data import collate_packed, tokenize
+from swarm_trainer.data import collate_packed
+from swarm_trainer.methods.sft import causal_lm_loss, tokenize
 from swarm_trainer.model import build_model
-from swarm_trainer.step import causal_lm_loss
 
 RECORDS = [
     {"prompt": "Question: what is 3 plus 3? Answer:", "completion": " 6."},

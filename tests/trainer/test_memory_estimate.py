@@ -5,6 +5,7 @@ counted once per storage, parameters excluded."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,9 @@ from swarm_contracts.jobs import JobSpec
 from swarm_contracts.memory import ModelShape
 from swarm_contracts.memory_estimate import estimate_memory
 from swarm_trainer.compute import Compute
+from swarm_trainer.data import Example
+from swarm_trainer.methods import for_job
+from swarm_trainer.methods.dpo import Pair, collate_pairs
 from swarm_trainer.model import build_model
 
 BATCH, SEQ_LEN = 2, 128
@@ -41,8 +45,11 @@ def bf16_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return directory
 
 
-def saved_bytes(model: torch.nn.Module, ids: torch.Tensor) -> int:
-    """Bytes autograd keeps between the forward and the backward pass (not the weights)."""
+def saved_bytes(
+    model: torch.nn.Module, ids: torch.Tensor, loss_of: Callable[[], torch.Tensor] | None = None
+) -> int:
+    """Bytes autograd keeps between the forward and the backward pass (not the weights), for
+    the model's own loss on ``ids`` or ``loss_of()``."""
     storages: dict[int, int] = {}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
@@ -55,13 +62,15 @@ def saved_bytes(model: torch.nn.Module, ids: torch.Tensor) -> int:
         torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t),
         torch.autocast("cpu", dtype=torch.bfloat16),
     ):
-        loss = model(input_ids=ids, labels=ids).loss
+        loss = loss_of() if loss_of is not None else model(input_ids=ids, labels=ids).loss
     loss.backward()
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     return sum(n for ptr, n in storages.items() if ptr not in params)
 
 
-def shape_and_spec(model_dir: Path, **training: object) -> tuple[ModelShape, JobSpec]:
+def shape_and_spec(
+    model_dir: Path, method: dict[str, object] | None = None, **training: object
+) -> tuple[ModelShape, JobSpec]:
     config = json.loads((model_dir / "config.json").read_text())
     shape = ModelShape.from_config(config, parameter_count=0)
     assert shape is not None
@@ -73,6 +82,7 @@ def shape_and_spec(model_dir: Path, **training: object) -> tuple[ModelShape, Job
             "dataset": "ds-" + "0" * 16,
             "lora": {"r": 8, "target_modules": "all-linear", "dropout": 0.0},
             "training": {"batch_size": BATCH, "seq_len": SEQ_LEN, "precision": "bf16", **training},
+            "method": method or {"type": "sft"},
         }
     )
     return shape, spec
@@ -112,3 +122,26 @@ def test_checkpointing_estimate_covers_what_autograd_keeps(bf16_model_dir: Path)
     # the backward pass, which the hooks do not see as kept.
     assert measured <= predicted + 1024
     assert estimate.activations_bytes < plain.activations_bytes / 2
+
+
+def test_dpo_estimate_covers_what_autograd_keeps_for_both_sequences(bf16_model_dir: Path) -> None:
+    """A DPO micro-batch of BATCH pairs, every sequence SEQ_LEN long (half prompt, half
+    answer): the policy's forward over 2 x BATCH sequences is kept, the reference's not."""
+    shape, spec = shape_and_spec(bf16_model_dir, method={"type": "dpo"})
+    torch.manual_seed(0)
+    model = build_model(bf16_model_dir, spec.lora, spec.training, compute=GPU_LIKE).train()
+    method = for_job(spec.method, model, from_parent=False)
+
+    def sequence() -> Example:
+        ids = torch.randint(0, shape.vocab_size, (SEQ_LEN,)).tolist()
+        return Example(ids, [-100] * (SEQ_LEN // 2) + ids[SEQ_LEN // 2 :])
+
+    batch = collate_pairs([Pair(sequence(), sequence(), k) for k in range(BATCH)], 0, None)
+    assert batch.inputs["input_ids"].shape == (2 * BATCH, SEQ_LEN)
+    measured = saved_bytes(
+        model, batch.inputs["input_ids"], lambda: method.loss(model, batch, BATCH, True)[0]
+    )
+    estimate = estimate_memory(shape, spec)
+    assert estimate.tokens == 2 * BATCH * SEQ_LEN
+    predicted = estimate.activations_bytes + estimate.tokens * shape.vocab_size * 4
+    assert measured <= predicted + 1024 <= 1.5 * measured, (measured, predicted)

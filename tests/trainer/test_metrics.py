@@ -15,6 +15,7 @@ from swarm_registry.app import build_app as build_registry
 from swarm_runtime.settings import Settings
 from swarm_runtime.store import open_store
 from swarm_trainer.app import build_app
+from swarm_trainer.settings import TrainerSettings
 
 from ..conftest import sample, scrape
 from .conftest import make_assignment
@@ -28,8 +29,8 @@ MAX_STEPS = 12
 async def test_steps_throughput_machine_and_messages(
     settings: Settings, tiny_model_dir: Path, ray_cluster: None
 ) -> None:
-    settings = settings.model_copy(
-        update={"worker_id": "w-metrics", "heartbeat_interval_s": 0.5, "metrics_port": 0}
+    settings = TrainerSettings.of(
+        settings, worker_id="w-metrics", heartbeat_interval_s=0.5, metrics_port=0
     )
     s = Subjects(settings.namespace)
     job = make_assignment(

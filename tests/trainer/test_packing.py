@@ -8,7 +8,8 @@ from typing import Any
 import torch
 
 from swarm_contracts.jobs import LoraSpec, TrainingSpec
-from swarm_trainer.data import IGNORE_INDEX, collate, collate_packed, pack_rows, tokenize
+from swarm_trainer.data import IGNORE_INDEX, collate, collate_packed, pack_rows
+from swarm_trainer.methods.sft import tokenize
 from swarm_trainer.model import build_model
 from swarm_trainer.step import lr_lambda, train_step
 

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from swarm_runtime.settings import Settings
 from swarm_runtime.store import LocalStore
 from swarm_trainer.hooks import RecordRanks
 from swarm_trainer.run import run_job
+from swarm_trainer.settings import TrainerSettings
 
 from .conftest import arithmetic_records, make_assignment
 
@@ -21,7 +21,7 @@ def test_two_workers_see_disjoint_shards_and_agree_on_weights(
     ray_cluster: None, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     store = LocalStore(tmp_path / "store")
-    settings = Settings(store_url=store.url, work_dir=tmp_path / "work")
+    settings = TrainerSettings(store_url=store.url, work_dir=tmp_path / "work")
     job = make_assignment(
         store,
         tiny_model_dir,

@@ -19,7 +19,8 @@ from swarm_contracts.jobs import LoraSpec, TrainingSpec
 from swarm_runtime.store import LocalStore
 from swarm_trainer import quantization
 from swarm_trainer.checkpoint import save_adapter
-from swarm_trainer.data import collate, tokenize
+from swarm_trainer.data import collate
+from swarm_trainer.methods.sft import tokenize
 from swarm_trainer.model import build_model
 from swarm_trainer.quantization import QuantizationUnavailable, nf4_config, nf4_unavailable
 from swarm_trainer.run import PreflightError, preflight

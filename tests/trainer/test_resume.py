@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from swarm_runtime.settings import Settings
 from swarm_runtime.store import LocalStore
 from swarm_trainer.hooks import CrashBeforeStep
 from swarm_trainer.reports import Progress, Report, Started
 from swarm_trainer.run import RunResult, committed_checkpoint_step, run_job
+from swarm_trainer.settings import TrainerSettings
 
 from .conftest import drain, make_assignment
 
@@ -50,7 +50,7 @@ def reference(
 
     store = reference_store
     tmp_path = store.root.parent
-    settings = Settings(store_url=store.url, work_dir=tmp_path / "work")
+    settings = TrainerSettings(store_url=store.url, work_dir=tmp_path / "work")
     job = make_assignment(store, tiny_model_dir, job_id=REFERENCE, training=TRAINING, lora=LORA)
     queue = Queue()
     result = run_job(job, settings, store, progress=queue)
@@ -72,7 +72,7 @@ def test_killed_run_resumes_exactly_from_last_committed_checkpoint(
 
     expected, ref_result = reference
     store = LocalStore(tmp_path / "store")
-    settings = Settings(store_url=store.url, work_dir=tmp_path / "work")
+    settings = TrainerSettings(store_url=store.url, work_dir=tmp_path / "work")
 
     # Same job under another id; its worker process dies before step 7, after leaving a
     # half-written checkpoint_00000006 in the run directory. Ray restarts the worker group.
@@ -119,7 +119,7 @@ def test_a_new_attempt_resumes_exactly_from_what_an_earlier_one_committed(
 
     expected, _ = reference
     store = LocalStore(tmp_path / "store")
-    settings = Settings(store_url=store.url, work_dir=tmp_path / "work")
+    settings = TrainerSettings(store_url=store.url, work_dir=tmp_path / "work")
     job_id = "job-cccccccccccccccccccc"
 
     # Attempt 1 dies for good (no Ray retry) after committing step 4, as on a lost machine.
@@ -177,7 +177,7 @@ def test_a_fork_of_the_weights_trains_afresh_from_the_checkpoint_s_adapter(
     job = make_assignment(
         store, tiny_model_dir, job_id=fork_id, training=training, lora=LORA
     ).model_copy(update={"fork": fork})
-    settings = Settings(store_url=store.url, work_dir=tmp_path / "work")
+    settings = TrainerSettings(store_url=store.url, work_dir=tmp_path / "work")
     queue = Queue()
     result = run_job(job, settings, store, progress=queue)
     assert isinstance(result, RunResult)

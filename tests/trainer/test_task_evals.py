@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from swarm_runtime.settings import Settings
 from swarm_runtime.store import LocalStore
 from swarm_trainer import reports
 from swarm_trainer.run import run_job
+from swarm_trainer.settings import TrainerSettings
 
 from .conftest import drain, make_assignment, put_dataset
 
@@ -25,7 +25,7 @@ def test_a_run_with_evals_grades_each_validation_and_keeps_the_best_by_its_metri
     from swarm_contracts.evals import EvalResult, EvalSpec
 
     store = LocalStore(tmp_path / "store")
-    settings = Settings(store_url=store.url, work_dir=tmp_path / "work")
+    settings = TrainerSettings(store_url=store.url, work_dir=tmp_path / "work")
     job = make_assignment(store, tiny_model_dir, training={"max_steps": 4, "eval_every": 2})
     eval_set = put_dataset(
         store,

@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from swarm_runtime.settings import Settings
 from swarm_runtime.store import LocalStore
 from swarm_trainer import reports
 from swarm_trainer.checkpoint import ADAPTER_FILE
 from swarm_trainer.run import PreflightError, run_job
+from swarm_trainer.settings import TrainerSettings
 from swarm_trainer.tiny_model import create_tiny_model
 
 from .conftest import drain, make_assignment
@@ -42,7 +42,7 @@ def test_missing_model_files_fail_fast(tiny_model_dir: Path, tmp_path: Path) -> 
     job = job.model_copy(
         update={"base_model": job.base_model.model_copy(update={"store_key": "models/nope/1"})}
     )
-    settings = Settings(store_url=store.url, work_dir=tmp_path / "work")
+    settings = TrainerSettings(store_url=store.url, work_dir=tmp_path / "work")
     with pytest.raises(PreflightError, match=r"no config\.json"):
         run_job(job, settings, store)
 
@@ -55,7 +55,7 @@ def test_ray_train_run_checkpoints_and_learns(
     from transformers import AutoModelForCausalLM
 
     store = LocalStore(tmp_path / "store")
-    settings = Settings(store_url=store.url, work_dir=tmp_path / "work")
+    settings = TrainerSettings(store_url=store.url, work_dir=tmp_path / "work")
     job = make_assignment(store, tiny_model_dir)
     queue = Queue()
     result = run_job(job, settings, store, progress=queue)
@@ -111,7 +111,7 @@ def test_a_second_job_on_the_same_model_takes_it_from_the_cache(
     from ray.util.queue import Queue
 
     store = LocalStore(tmp_path / "store")
-    settings = Settings(store_url=store.url, work_dir=tmp_path / "work")
+    settings = TrainerSettings(store_url=store.url, work_dir=tmp_path / "work")
     short = {"max_steps": 2, "eval_every": 2, "checkpoint_every": 2}
     first = make_assignment(store, tiny_model_dir, job_id="job-first", training=short)
     queue = Queue()

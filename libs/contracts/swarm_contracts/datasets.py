@@ -10,7 +10,26 @@ from pydantic import BaseModel, Field
 
 from swarm_contracts.jobs import utcnow
 
-DatasetFormat = Literal["text", "prompt_completion", "chat"]
+DatasetFormat = Literal[
+    "text",
+    "prompt_completion",
+    "chat",
+    # Preference pairs, for DPO: {"prompt", "chosen", "rejected"} as strings, the same with
+    # chat messages, or OpenAI's {"input": {"messages"}, "preferred_output",
+    # "non_preferred_output"}.
+    "preference",
+    "preference_chat",
+    "preference_openai",
+]
+PREFERENCE_FORMATS: frozenset[str] = frozenset(
+    {"preference", "preference_chat", "preference_openai"}
+)
+
+
+def method_takes(method: str, dataset_format: str) -> bool:
+    """Whether a job of training method ``method`` (``sft``, ``dpo``) can train on a dataset
+    of ``dataset_format``: DPO on preference pairs only, SFT on anything else."""
+    return (dataset_format in PREFERENCE_FORMATS) == (method == "dpo")
 
 
 def dataset_id_for(sha256: str) -> str:

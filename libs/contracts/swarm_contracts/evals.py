@@ -82,7 +82,6 @@ class JsonValid(_Grader):
     model_config = ConfigDict(populate_by_name=True, serialize_by_alias=True)
 
 
-
 class ChoiceGrader(_Grader):
     """The output names one of ``options`` (the stripped output equals it, or begins with it
     then a non-word character) and it is the expected one."""

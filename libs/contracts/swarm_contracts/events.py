@@ -2,48 +2,78 @@
 
 Every event carries the job id and the attempt it belongs to; the scheduler drops events from
 any attempt but the current one, which fences out a worker that lost its lease.
+
+What an event *means* is on its class, beside its fields (``meaning``): who may send it, and
+the job state it leaves the job in (which says whether it ends the job). Every set of event
+names the services act on (the final events, the scheduler's own, the job state an event
+leads to) is derived from it, here or where it is used; adding an event is adding its class,
+with its meaning, to ``AnyJobEvent``. ``tests/contracts/test_event_meaning.py`` checks that
+every event class has one.
 """
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+from typing import Any, ClassVar, Literal, get_args
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field, computed_field
 
 from swarm_contracts.evals import EvalResult
-from swarm_contracts.jobs import AdapterRef, JobSpec
+from swarm_contracts.jobs import AdapterRef, JobSpec, JobState
+from swarm_contracts.methods import PreferenceMetrics
 from swarm_contracts.verification import ReplayReport, VerifyPolicy
 
-EventName = Literal[
-    "queued",
-    "assigned",
-    "started",
-    "progress",
-    "checkpoint",
-    "validated",
-    "requeued",
-    "released",
-    "paused",
-    "resumed",
-    "succeeded",
-    "failed",
-    "cancelled",
-    "replayed",
-    "verified",
-]
-JOB_EVENTS: tuple[str, ...] = get_args(EventName)
-# ``replayed`` ends a replay job (it registers no adapter, so it never ``succeeded``).
-TERMINAL_EVENTS = ("succeeded", "failed", "cancelled", "replayed")
+# Who sends a job event: the scheduler itself, or the worker running the attempt (a trainer
+# agent, whose events the scheduler checks and republishes).
+Origin = Literal["scheduler", "worker"]
+
+
+class EventMeaning(BaseModel):
+    """What a job event means beyond its fields."""
+
+    model_config = ConfigDict(frozen=True)
+
+    origin: tuple[Origin, ...] = Field(description="who may send it")
+    state_after: JobState | None = Field(
+        description="the job's state once it is applied; None: it leaves the state as it was"
+    )
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def terminal(self) -> bool:
+        """Whether it ends the job: it leaves the job in a final state."""
+        return self.state_after is not None and self.state_after.terminal
+
+
+def sent_by(*origin: Origin, leaves: JobState | None) -> EventMeaning:
+    """The meaning of an event ``origin`` sends, which ``leaves`` the job in that state."""
+    return EventMeaning(origin=origin, state_after=leaves)
 
 
 class JobEvent(BaseModel):
-    event: EventName
+    # Each event class narrows it to its own name (a Literal: the discriminator of AnyJobEvent).
+    event: str
     job_id: str
     attempt: int = 0
+
+    meaning: ClassVar[EventMeaning]
+
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        super().__pydantic_init_subclass__(**kwargs)
+        if "meaning" not in cls.__dict__:
+            raise TypeError(f"job event {cls.__name__} must say what it means (``meaning``)")
+
+    @classmethod
+    def name(cls) -> str:
+        """The event's name: its ``event`` field, its subject's last token."""
+        default = cls.model_fields["event"].default
+        assert isinstance(default, str), f"{cls.__name__} names no event"
+        return default
 
 
 class Queued(JobEvent):
     event: Literal["queued"] = "queued"
+    meaning = sent_by("scheduler", leaves=JobState.queued)
     tenant: str
     spec: JobSpec
     reason: str | None = Field(default=None, description="why it is still waiting, if it is")
@@ -51,17 +81,20 @@ class Queued(JobEvent):
 
 class Assigned(JobEvent):
     event: Literal["assigned"] = "assigned"
+    meaning = sent_by("scheduler", leaves=JobState.assigned)
     worker_id: str
 
 
 class Started(JobEvent):
     event: Literal["started"] = "started"
+    meaning = sent_by("worker", leaves=JobState.running)
     worker_id: str
     resumed_from_step: int = 0
 
 
 class Progress(JobEvent):
     event: Literal["progress"] = "progress"
+    meaning = sent_by("worker", leaves=JobState.running)
     step: int
     max_steps: int
     loss: float
@@ -71,25 +104,33 @@ class Progress(JobEvent):
     # Tokens the step trained on, all ranks together (None from a trainer that did not count):
     # what an OpenAI fine-tuning job reports as ``trained_tokens``.
     tokens: int | None = None
+    # A DPO job's rewards over the step's pairs (rank 0's); None for SFT.
+    preference: PreferenceMetrics | None = None
 
 
 class CheckpointSaved(JobEvent):
     event: Literal["checkpoint"] = "checkpoint"
+    meaning = sent_by("worker", leaves=JobState.running)
     step: int
     store_key: str
 
 
 class Validated(JobEvent):
     event: Literal["validated"] = "validated"
+    meaning = sent_by("worker", leaves=JobState.running)
     step: int
     eval_loss: float
     perplexity: float
     # The task evals' metrics and sample at this step, for a job with ``evals``.
     evals: EvalResult | None = None
+    # A DPO job's rewards over every validation pair (then ``eval_loss`` is the DPO loss and
+    # ``perplexity`` the chosen answers'); None for SFT.
+    preference: PreferenceMetrics | None = None
 
 
 class Requeued(JobEvent):
     event: Literal["requeued"] = "requeued"
+    meaning = sent_by("scheduler", leaves=JobState.queued)
     reason: str
 
 
@@ -102,6 +143,8 @@ class Released(JobEvent):
     store unreachable); the requeue then counts against ``max_attempts`` like a lost worker."""
 
     event: Literal["released"] = "released"
+    # The scheduler's ``requeued`` (or ``failed``, ``cancelled``) that follows moves the job.
+    meaning = sent_by("worker", leaves=None)
     worker_id: str
     reason: str
     last_checkpoint_step: int | None = None
@@ -115,6 +158,7 @@ class Paused(JobEvent):
     where a resume starts (None: the worker had committed none)."""
 
     event: Literal["paused"] = "paused"
+    meaning = sent_by("scheduler", leaves=JobState.paused)
     reason: str
     last_checkpoint_step: int | None = None
 
@@ -124,11 +168,13 @@ class Resumed(JobEvent):
     latest checkpoint an earlier attempt committed."""
 
     event: Literal["resumed"] = "resumed"
+    meaning = sent_by("scheduler", leaves=JobState.queued)
     reason: str = "resumed by request"
 
 
 class Succeeded(JobEvent):
     event: Literal["succeeded"] = "succeeded"
+    meaning = sent_by("worker", leaves=JobState.succeeded)
     adapter: AdapterRef
     metrics: dict[str, float] = Field(default_factory=dict)
     # The attempt's committed checkpoints (steps) as its worker saw them commit: the record's
@@ -139,11 +185,13 @@ class Succeeded(JobEvent):
 
 class Failed(JobEvent):
     event: Literal["failed"] = "failed"
+    meaning = sent_by("worker", "scheduler", leaves=JobState.failed)
     reason: str
 
 
 class Cancelled(JobEvent):
     event: Literal["cancelled"] = "cancelled"
+    meaning = sent_by("worker", "scheduler", leaves=JobState.cancelled)
     reason: str = "cancelled by request"
     last_checkpoint_step: int | None = None
 
@@ -152,6 +200,8 @@ class Replayed(JobEvent):
     """A replay job's end (its worker's word): what replaying the target's steps measured."""
 
     event: Literal["replayed"] = "replayed"
+    # A replay job registers no adapter, so it never ``succeeded``: this ends it.
+    meaning = sent_by("worker", leaves=JobState.succeeded)
     worker_id: str
     report: ReplayReport
 
@@ -164,6 +214,8 @@ class Verified(JobEvent):
     itself could not be done (``reason``), which says nothing about the worker."""
 
     event: Literal["verified"] = "verified"
+    # What the verification did to the job came just before, as its own event.
+    meaning = sent_by("scheduler", leaves=None)
     outcome: Literal["passed", "failed", "error"]
     reason: str = ""
     replay_job_id: str
@@ -202,6 +254,38 @@ AnyJobEvent = (
     | Replayed
     | Verified
 )
+JOB_EVENT_CLASSES: tuple[type[JobEvent], ...] = get_args(AnyJobEvent)
+MEANINGS: dict[str, EventMeaning] = {cls.name(): cls.meaning for cls in JOB_EVENT_CLASSES}
+JOB_EVENTS: tuple[str, ...] = tuple(MEANINGS)
+TERMINAL_EVENTS: frozenset[str] = frozenset(n for n, m in MEANINGS.items() if m.terminal)
+
+
+def sent_by_worker(event: JobEvent) -> bool:
+    """Whether a worker may send ``event`` (the others are the scheduler's alone)."""
+    return "worker" in event.meaning.origin
+
+
+def named(*classes: type[JobEvent]) -> frozenset[str]:
+    """The names of these event classes (the subjects' last tokens)."""
+    return frozenset(cls.name() for cls in classes)
+
+
+class StateMeaning(BaseModel):
+    name: JobState
+    terminal: bool
+
+
+class JobLifecycle(BaseModel):
+    """The job states (in the order a job goes through them) and the job events, with what
+    they mean: for clients that cannot import this package (the dashboard's JS)."""
+
+    states: list[StateMeaning]
+    events: dict[str, EventMeaning]
+
+
+def job_lifecycle() -> JobLifecycle:
+    states = [StateMeaning(name=s, terminal=s.terminal) for s in JobState]
+    return JobLifecycle(states=states, events=MEANINGS)
 
 
 class CancelRequest(BaseModel):

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from swarm_contracts.evals import DATASET_ID_PATTERN as DATASET_ID_PATTERN
 from swarm_contracts.evals import EvalResult, EvalSpec
 from swarm_contracts.memory import MemoryEstimate
+from swarm_contracts.methods import SftMethod, TrainingMethod
 
 # The one naming rule (swarm_contracts.names), re-exported for code written against this module.
 from swarm_contracts.names import NAME_PATTERN as NAME_PATTERN
@@ -118,6 +119,8 @@ class JobSpec(Strict):
     )
     lora: LoraSpec = Field(default_factory=LoraSpec)
     training: TrainingSpec = Field(default_factory=TrainingSpec)
+    # sft (default) or dpo, with the method's own settings (swarm_contracts.methods).
+    method: TrainingMethod = Field(default_factory=SftMethod)
     resources: ResourceSpec = Field(default_factory=ResourceSpec)
     priority: int = Field(default=5, ge=0, le=10)
     # Task evals: generate on held-out prompts and grade the outputs (swarm_contracts.evals).

@@ -132,7 +132,10 @@ class MemoryEstimate(BaseModel):
         description="where the job runs: gpu (memory per GPU) or cpu (host memory per worker, "
         "fp32, no CUDA runtime)",
     )
-    tokens: int = Field(description="tokens per micro-batch: batch_size * seq_len")
+    tokens: int = Field(
+        description="tokens per micro-batch: batch_size * seq_len (DPO: two sequences per "
+        "example, 2 * batch_size * seq_len)"
+    )
     weights_bytes: int
     lora_bytes: int = Field(description="adapter parameters, gradients and AdamW state (fp32)")
     lora_parameters: int

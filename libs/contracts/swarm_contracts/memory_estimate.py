@@ -26,7 +26,10 @@ def estimate_memory(shape: ModelShape, spec: JobSpec, base_model: str = "") -> M
     """The peak memory of one of ``spec``'s workers training on a model of ``shape``: per
     GPU, or, for a CPU-only job, the host memory of a worker."""
     t, lora = spec.training, spec.lora
-    tokens = t.batch_size * t.seq_len
+    # A DPO example is two sequences (prompt + chosen, prompt + rejected), both trained on in
+    # one micro-batch; its reference forward runs first, without grad, and keeps nothing.
+    sequences = 2 if spec.method.type == "dpo" else 1
+    tokens = t.batch_size * sequences * t.seq_len
     on_gpu = spec.resources.gpus_per_worker > 0
     # ``auto`` trains in bf16 on a GPU (every GPU the trainer targets supports it), in fp32
     # on a CPU (swarm_trainer.compute).

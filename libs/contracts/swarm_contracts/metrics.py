@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
+from swarm_contracts.replies import Action
+
 
 class TrainPoint(BaseModel):
     step: int
@@ -33,3 +35,7 @@ class GetJobMetrics(BaseModel):
 
     job_id: str
     max_points: int | None = Field(default=None, ge=2, description="downsample to at most this")
+
+
+GET_JOB_METRICS = Action("metrics.get", GetJobMetrics, JobMetrics)
+"""Asked on ``swarm.telemetry.metrics.get`` (``Subjects.telemetry``)."""

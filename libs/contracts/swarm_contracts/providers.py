@@ -18,6 +18,7 @@ from pydantic import BaseModel, Field
 
 from swarm_contracts.jobs import utcnow
 from swarm_contracts.names import NAME_PATTERN
+from swarm_contracts.registry_api import WORKER_ACTIONS
 from swarm_contracts.subjects import Subjects
 
 # The header a trainer puts on each job event it publishes: the attempt token its assignment
@@ -106,8 +107,7 @@ def provider_permissions(name: str, subjects: Subjects | None = None) -> Permiss
         publish_allow=[
             s.heartbeat(name),
             s.worker_event(name, "*", "*"),
-            s.worker_registry("adapters.register", name),
-            s.worker_registry("store.access", name),
+            *(s.worker_registry(action.name, name) for action in WORKER_ACTIONS),
             s.worker_attempt(name),
             s.dead_letter("trainer"),
             f"{api}.INFO",

@@ -1,4 +1,5 @@
-"""Registry records and the request/reply messages of its NATS API."""
+"""Registry records and the request/reply messages of its NATS API (its actions:
+``swarm_contracts.registry_api``)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from swarm_contracts.jobs import (
 )
 from swarm_contracts.memory import ModelShape
 from swarm_contracts.names import HF_ID_PATTERN
+from swarm_contracts.replies import Action
 
 # Reply moved to swarm_contracts.replies; re-exported for code written against this module.
 from swarm_contracts.replies import Reply as Reply
@@ -366,3 +368,7 @@ class ExportResult(BaseModel):
     files: dict[str, str] = Field(description="file name -> sha256")
     adapter: str = Field(description="name@version")
     base_model: str = Field(description="name@version")
+
+
+EXPORT_ADAPTER = Action("export", ExportAdapter, ExportResult)
+"""Asked on ``swarm.trainer.export`` (``Subjects.trainer``): any trainer agent may answer."""

@@ -1,4 +1,8 @@
-"""The reply of every internal request/reply API (registry, telemetry, trainer export).
+"""The actions and replies of every internal request/reply API (registry, telemetry, trainer
+export, a worker's questions to the scheduler).
+
+An ``Action`` names one operation once, for the service that answers it and for every caller:
+its subject's last part, its request model, and the type of its reply's result.
 
 A reply is ``ok`` with a ``result``, or refused with an ``error`` a person can read and a
 ``code`` a program can act on. The codes are few on purpose: each is one way a caller reacts
@@ -7,6 +11,7 @@ A reply is ``ok`` with a ``result``, or refused with an ``error`` a person can r
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Generic, Literal, TypeVar
 
 from pydantic import BaseModel, Field
@@ -20,6 +25,10 @@ service failed."""
 ERROR_CODES: tuple[ErrorCode, ...] = ("not_found", "conflict", "invalid", "forbidden", "internal")
 
 T = TypeVar("T")
+Req = TypeVar("Req", bound=BaseModel)
+# Covariant: an action whose result is a ModelVersion also gives a ModelVersion | None, which
+# a caller assigning the result to an optional variable asks of it.
+Res_co = TypeVar("Res_co", covariant=True)
 
 
 class Reply(BaseModel, Generic[T]):
@@ -38,3 +47,20 @@ class Reply(BaseModel, Generic[T]):
     def error_code(self) -> ErrorCode:
         """The refusal's code (``invalid`` for a coded-less refusal of an older service)."""
         return self.code or "invalid"
+
+
+@dataclass(frozen=True)
+class Action(Generic[Req, Res_co]):
+    """One operation of a service's request/reply API, e.g. ``Action("models.get", GetModel,
+    ModelVersion)``: asked with a ``request`` on the service's subject for ``name``
+    (``swarm.registry.models.get``), answered with a ``Reply[result]``."""
+
+    name: str
+    request: type[Req]
+    result: type[Res_co]
+
+    @property
+    def reply(self) -> type[Reply[Res_co]]:
+        """The model of this action's replies (``Reply[result]``)."""
+        reply: type[Reply[Res_co]] = Reply[self.result]  # type: ignore[name-defined]
+        return reply

@@ -75,6 +75,11 @@ class Subjects:
         """A worker asks the scheduler whether it still holds an attempt (request/reply)."""
         return self._s(f"swarm.workers.{worker_id}.attempt")
 
+    def worker_session(self, worker_id: str = "*", session: str = "*") -> str:
+        """A Tinker training session's calls, gateway -> the worker that holds the session
+        (request/reply, swarm_contracts.sessions): only that worker hears them."""
+        return self._s(f"swarm.workers.{worker_id}.sessions.{session}")
+
     @staticmethod
     def worker_of(subject: str) -> str | None:
         """The worker id in a ``swarm.workers.<id>.…`` subject (namespaced or not)."""

@@ -5,6 +5,9 @@ A sweep runs ``budget`` trials; each trial is an ordinary job whose spec is the 
 ``base`` spec with the searched fields set (dotted paths such as ``training.lr``) and its
 ``name`` set to the sweep's name, so that every trial registers a version of one adapter and
 the best one gets the alias ``best``.
+
+Long because: the sweep contract in one place: its spec and search space, records and events
+refer to each other and are read together (docs/events.md, *Sweeps*).
 """
 
 from __future__ import annotations
@@ -244,27 +247,39 @@ class SweepSpec(Strict):
 # --- the search space over a job spec -------------------------------------------------------
 
 
+def _sections(annotation: Any) -> list[type[BaseModel]]:
+    """The models a field holds: itself, or each of a union's (``method``: sft | dpo)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    members = [a for a in get_args(annotation) if isinstance(a, type)]
+    if members and all(issubclass(a, BaseModel) for a in members):
+        return members
+    return []
+
+
 def _leaf(path: str) -> tuple[Any, str | None]:
-    """The annotation of job spec field ``path`` (dotted), or an error."""
-    model: type[BaseModel] = JobSpec
+    """The annotation of job spec field ``path`` (dotted), or an error. In a union of
+    sections (``method``) the field of whichever member has it (``method.beta``: DPO's; the
+    base spec's method must then be that member, which ``_probe`` checks)."""
+    models: list[type[BaseModel]] = [JobSpec]
     parts = path.split(".")
     if parts[0] == "name":
         return None, "trials are named after the sweep; name cannot be searched"
     for i, part in enumerate(parts):
-        field = model.model_fields.get(part)
+        field = next((m.model_fields[part] for m in models if part in m.model_fields), None)
         if field is None:
             where = ".".join(parts[:i]) or "the job spec"
             return None, f"{where} has no field {part!r}"
         annotation = field.annotation
         last = i == len(parts) - 1
-        is_model = isinstance(annotation, type) and issubclass(annotation, BaseModel)
+        sections = _sections(annotation)
         if last:
-            if is_model:
+            if sections:
                 return None, "name a field inside it (e.g. training.lr), not a whole section"
             return annotation, None
-        if not is_model:
+        if not sections:
             return None, f"{'.'.join(parts[: i + 1])} has no fields"
-        model = annotation  # type: ignore[assignment]
+        models = sections
     raise AssertionError("unreachable")
 
 

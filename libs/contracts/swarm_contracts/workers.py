@@ -17,6 +17,7 @@ from swarm_contracts.jobs import (
     ParentAdapter,
     utcnow,
 )
+from swarm_contracts.replies import Action
 from swarm_contracts.verification import VerifyTarget
 
 
@@ -76,6 +77,10 @@ class BenchmarkRequest(BaseModel):
     ``Reply[WorkerBenchmark]``; the worker's heartbeats carry the new result from then on."""
 
     worker_id: str
+
+
+BENCHMARK = Action("benchmark", BenchmarkRequest, WorkerBenchmark)
+"""Asked on the worker's own ``swarm.workers.<worker_id>.benchmark`` (``Subjects.benchmark``)."""
 
 
 class Heartbeat(BaseModel):
@@ -182,6 +187,11 @@ class AttemptStatus(BaseModel):
             cancel_requested=record.cancel_requested,
             release_requested=record.pause_requested,
         )
+
+
+ATTEMPT = Action("attempt", AttemptQuery, AttemptStatus)
+"""Asked on the worker's own ``swarm.workers.<worker_id>.attempt`` (``Subjects.worker_attempt``),
+answered by the scheduler."""
 
 
 class WorkerInfo(BaseModel):

@@ -1,29 +1,36 @@
 """Typed request/reply between services: one way to ask, one way to answer.
 
-A caller sends a request model and gets ``Reply[T]`` back (``ServiceClient.ask``), or the
-result itself (``ServiceClient.call``, which raises ``Refused`` carrying the reply's code).
+Every operation is an ``Action`` of the contracts (``swarm_contracts.registry_api`` lists the
+registry's): it names the subject, the request model and the result type once, for the caller
+and for the service. A caller sends an action's request and gets ``Reply[result]`` back
+(``ServiceClient.ask``), or the result itself (``ServiceClient.call``, which raises
+``Refused`` carrying the reply's code).
 Nobody answering (no responders, a timeout, NATS itself down) is ``Unavailable``: a caller may
 try again later, and it is never mistaken for a refusal. A handler wraps its work in
 ``answer()``: a ``Refused`` becomes an error reply with its code, any other exception an
-``internal`` one, so that a requester is never left waiting for a timeout.
+``internal`` one, so that a requester is never left waiting for a timeout. A service lists its
+handlers as ``route(action, handler)``, which type-checks each handler against its action.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from dataclasses import dataclass
+from typing import Any, Concatenate, TypeVar
 
 import nats.errors
 from nats.aio.client import Client
 from pydantic import BaseModel, ValidationError
 
-from swarm_contracts.replies import ErrorCode, Reply
+from swarm_contracts.replies import Action, ErrorCode, Reply
 from swarm_runtime.tracing import trace_headers
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+Req = TypeVar("Req", bound=BaseModel)
+Res = TypeVar("Res")
 
 
 class Refused(Exception):
@@ -52,8 +59,8 @@ class Unavailable(ConnectionError):
 class ServiceClient:
     """Requests to one service's API, e.g. ``ServiceClient(nc, "registry", subjects.registry)``.
 
-    ``subject(action)`` names the subject of an action (``"models.get"``). Every request carries
-    the caller's trace context, so the service's spans join the caller's trace.
+    ``subject(name)`` is the subject of the action of that name (``"models.get"``). Every
+    request carries the caller's trace context, so the service's spans join the caller's trace.
     """
 
     def __init__(
@@ -69,17 +76,12 @@ class ServiceClient:
         self.timeout = timeout
 
     async def ask(
-        self,
-        action: str,
-        request: BaseModel,
-        result: type[T],
-        *,
-        wait_s: float | None = None,
-    ) -> Reply[T]:
+        self, action: Action[Req, Res], request: Req, *, wait_s: float | None = None
+    ) -> Reply[Res]:
         """The service's reply, refusals included; ``Unavailable`` when nobody answers, and
         ``Refused`` (internal) when the answer is not a ``Reply[result]``. ``wait_s`` overrides
         the client's timeout for a slow action."""
-        subject = self.subject(action)
+        subject = self.subject(action.name)
         timeout = wait_s or self.timeout
         try:
             msg = await self.nc.request(
@@ -95,28 +97,23 @@ class ServiceClient:
         except nats.errors.Error as exc:
             raise Unavailable(self.service, f"NATS unavailable: {exc!r}") from exc
         try:
-            return Reply[result].model_validate_json(msg.data)  # type: ignore[valid-type]
+            return action.reply.model_validate_json(msg.data)
         except ValidationError as exc:
             raise Refused(
-                f"the {self.service} service sent a malformed reply to {action}: {exc}",
+                f"the {self.service} service sent a malformed reply to {action.name}: {exc}",
                 "internal",
             ) from exc
 
     async def call(
-        self,
-        action: str,
-        request: BaseModel,
-        result: type[T],
-        *,
-        wait_s: float | None = None,
-    ) -> T:
+        self, action: Action[Req, Res], request: Req, *, wait_s: float | None = None
+    ) -> Res:
         """The reply's result; ``Refused`` with the reply's code and message when refused."""
-        reply = await self.ask(action, request, result, wait_s=wait_s)
+        reply = await self.ask(action, request, wait_s=wait_s)
         if not reply.ok:
-            raise Refused(reply.error or f"{self.service} refused {action}", reply.error_code)
+            raise Refused(reply.error or f"{self.service} refused {action.name}", reply.error_code)
         if reply.result is None:
             raise Refused(
-                f"the {self.service} service answered {action} without a result", "internal"
+                f"the {self.service} service answered {action.name} without a result", "internal"
             )
         return reply.result
 
@@ -133,3 +130,24 @@ async def answer(reply_type: type[Reply[T]], work: Awaitable[T]) -> Reply[T]:
         return reply_type(
             ok=False, error=f"internal error: {type(exc).__name__}: {exc}", code="internal"
         )
+
+
+@dataclass(frozen=True)
+class Route:
+    """One action a service answers: its handler, and how many requests it may work on at once
+    (``max_workers`` of its subscriber)."""
+
+    action: Action[Any, Any]
+    handler: Callable[..., Awaitable[Reply[Any]]]
+    workers: int = 1
+
+
+def route(
+    action: Action[Req, Res],
+    handler: Callable[Concatenate[Req, ...], Awaitable[Reply[Res]]],
+    workers: int = 1,
+) -> Route:
+    """A ``Route``, made here so that the type checker holds the handler to its action: it
+    takes the action's request (then whatever else its framework passes it) and answers a
+    ``Reply`` of the action's result."""
+    return Route(action, handler, workers)

@@ -1,16 +1,39 @@
-"""Configuration read from the environment (prefix ``SWARM_``), the same for every service."""
+"""Configuration read from the environment (prefix ``SWARM_``): what every service shares.
+
+NATS and its credentials, the namespace, the object store, telemetry, metrics and logs, and
+the few knobs several services must agree on. A service's own knobs are in its own settings
+class next to its code (``swarm_scheduler.settings.SchedulerSettings``, ...), a subclass of
+this one, read from the same ``SWARM_*`` variables.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Self
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="SWARM_", extra="ignore")
+    # Unknown SWARM_* variables are left alone (another service's, the CLI's), but a value
+    # given in code for a setting this class lacks is an error rather than silently dropped.
+    model_config = SettingsConfigDict(env_prefix="SWARM_", extra="forbid")
+
+    @classmethod
+    def of(cls, settings: Settings, **changes: Any) -> Self:
+        """``settings`` as this class: the values it holds that this class has too, then
+        ``changes``; this class's other settings from the environment, as always. How a
+        service that was handed the shared settings (a test, an embedding program) gets its
+        own."""
+        if type(settings) is cls and not changes:
+            return settings
+        shared = {
+            name: getattr(settings, name)
+            for name in type(settings).model_fields
+            if name in cls.model_fields
+        }
+        return cls(**(shared | changes))
 
     nats_url: str = "nats://127.0.0.1:4222"
     # Credentials for the NATS connection; at most one scheme is used (user/password wins).
@@ -56,125 +79,20 @@ class Settings(BaseSettings):
     # the endpoint of SWARM_STORE_URL (e.g. http://minio:9000 inside compose): the registry
     # signs the URLs it hands to workers for this host (docs/providers.md, *Store access*).
     s3_public_endpoint: str | None = None
-    # How a trainer reaches the store: "keys" with the S3 keys above (or a local directory),
-    # "signed" without any: every operation is granted by the registry for the keys of the
-    # job's own attempt (swarm.registry.store.access). `swarm-trainer join` defaults to
-    # "signed" when no S3 keys are set.
-    store_access: Literal["keys", "signed"] = "keys"
 
-    # Gateway side.
-    gateway_host: str = "127.0.0.1"
-    gateway_port: int = 8080
-    # "key=tenant" pairs, comma separated; empty means auth is off and every caller is tenant
-    # "default" (the embedded local stack).
-    api_keys: str = ""
-    # Keys that see every tenant's jobs and the worker table (same forms as api_keys, without
-    # "=tenant": "key" or "sha256:<hex>"); a tenant named "admin" in api_keys is an admin too.
-    admin_keys: str = ""
-    max_upload_bytes: int = 256 * 1024 * 1024
-
-    # CLI / SDK side.
-    gateway_url: str = "http://127.0.0.1:8080"
-    api_key: str | None = None
-
-    # Scheduler.
-    worker_timeout_s: float = 15.0
-    max_attempts: int = 3
-    # An assignment the trainer has not confirmed with `started` in this time, or a running job
-    # its worker's heartbeats have stopped listing for this long, is requeued.
-    assign_timeout_s: float = 60.0
-    # A cancelled job its worker has not reported stopped (a worker reports within about 2 s,
-    # even while Ray is still starting the run) is ended by the scheduler after this: a cancel
-    # takes effect within about this plus a second from any state.
-    cancel_grace_s: float = 4.0
-    # A job paused while running whose worker has not handed it back (checkpointed and
-    # stopped) within this long is taken back by the scheduler and paused from its last
-    # committed checkpoint; the worker, no longer holding it, stops the run.
-    pause_grace_s: float = Field(default=120.0, gt=0)
-    # Most jobs one tenant may have assigned or running at once; 0 means no limit.
-    tenant_max_running: int = Field(default=0, ge=0)
-    # Scheduler leadership: the leader renews its lease about every third of this; a follower
-    # takes over once the lease is this old.
-    leader_lease_s: float = 3.0
-    # Among the workers a job fits: "best_fit" takes the one left with the least spare room
-    # (equally fitting ones: the faster first), "fastest" the fastest by its self-benchmark
-    # (equally fast ones: the best fit first). Workers without a benchmark count as slowest.
-    placement_order: Literal["best_fit", "fastest"] = "best_fit"
-    # A worker whose benchmark measures below this fraction of what it advertises (or its GPU
-    # model's datasheet TFLOP/s) is flagged "slow".
-    slow_fraction: float = Field(default=0.3, ge=0, le=1)
-    # Verification of untrusted work (docs/providers.md): this fraction of succeeded jobs,
-    # drawn at random once each has ended, is replayed in part on another worker.
-    verify_fraction: float = Field(default=0.0, ge=0, le=1)
-    # A replay that does not match marks the worker suspect, and fails the job ("fail") or
-    # queues it again to train from the start elsewhere ("rerun").
-    verify_policy: Literal["fail", "rerun"] = "fail"
-    # Largest relative L2 distance of any LoRA matrix, and relative difference of any step's
-    # loss, that still match. A replay runs the same spec (so the same device kind and
-    # precision): fp32 on CPUs reproduces a run bit for bit; bf16 on GPU models with different
-    # kernels drifts, which the 5 % margin leaves room for (a cheat smaller than that passes).
-    verify_tolerance: float = Field(default=0.05, gt=0)
-    verify_loss_tolerance: float = Field(default=0.05, gt=0)
-
-    # Trainer agent.
-    worker_id: str | None = None
-    heartbeat_interval_s: float = 2.0
-    trainer_cpus: int | None = None
-    # "key=value" pairs, comma separated (e.g. "provider=acme,region=eu"): this worker's labels,
-    # which jobs can require through resources.labels.
-    worker_labels: str = ""
+    # Where a worker (trainer or inference) keeps its local files: runs, checkpoints being
+    # written, the cache of base models and datasets.
     work_dir: Path = Path(".swarm/work")
-    # On SIGTERM the agent checkpoints its running jobs and hands them back; a job that has
-    # not stopped within this long is left to the scheduler (its lease), and the agent exits.
-    shutdown_grace_s: float = Field(default=120.0, ge=0)
-    # The self-benchmark at start and on request: about this many seconds of measuring (a
-    # matmul, then LoRA training steps of a tiny Llama); 0 skips it (tests).
-    benchmark_s: float = Field(default=1.0, ge=0, le=60)
-    # An idle agent measures again this often (0: never), and as soon as it is idle when its
-    # last measurement ran beside jobs; heartbeats carry the best of its last few idle runs.
-    benchmark_every_s: float = Field(default=3600.0, ge=0)
-    # The dense TFLOP/s this provider promises for its worker (default: what its GPU model's
-    # datasheet says); a benchmark far below it flags the worker "slow".
-    advertised_tflops: float | None = Field(default=None, gt=0)
-    # Base models and datasets the agent's ranks download are kept here between jobs, by
-    # content digest (default: <work_dir>/cache), up to this many bytes: the least recently
-    # used entry not in use is evicted first (see swarm_trainer.cache).
-    trainer_cache_dir: Path | None = None
-    trainer_cache_max_bytes: int = Field(default=32 * 1024**3, ge=0)
-    # Tests only: the name of a ``swarm_trainer.hooks`` test hook every job of this agent runs
-    # with (e.g. "perturb_checkpoints": a deliberately dishonest worker).
-    trainer_test_hook: str = ""
-
-    # Inference worker. Base models to hold, comma separated: "tiny-llama" (its latest
-    # version, and each newer one as it is registered), "tiny-llama@2", or "*" for every
-    # registered base model; checked again every inference_refresh_s.
-    inference_models: str = "*"
-    inference_worker_id: str | None = None
-    inference_device: str = Field(default="auto", description="auto, cpu, cuda, cuda:1, ...")
-    inference_dtype: str = Field(default="auto", pattern=r"^(auto|float32|bfloat16|float16)$")
-    inference_backend: str = Field(default="swarm", pattern=r"^(swarm|vllm)$")
-    # torch's intra-op threads on a CPU worker (unset: torch's default, one per core). On a
-    # machine shared with other busy processes, fewer threads avoid OpenMP spin-waiting.
-    inference_cpu_threads: int | None = Field(default=None, ge=1)
-    inference_max_batch_size: int = Field(default=16, ge=1)
-    # An idle engine lets a first request wait this long for others to share its prefill.
-    inference_max_wait_ms: float = Field(default=5.0, ge=0)
-    inference_adapter_slots: int = Field(default=8, ge=1)
-    # Requests a worker keeps waiting beyond its batch; more are turned away ("overloaded"),
-    # and the gateway tries another worker.
-    inference_max_queue: int = Field(default=256, ge=1)
-    inference_refresh_s: float = Field(default=5.0, gt=0)
-    # Worker: a keepalive chunk on each open request this often. Gateway: a worker that sent
-    # nothing on a request for inference_idle_timeout_s is taken for dead.
-    inference_keepalive_s: float = Field(default=1.0, gt=0)
-    inference_idle_timeout_s: float = Field(default=10.0, gt=0)
-    # Gateway: largest max_tokens accepted, and tries per request while nothing was streamed.
+    # Workers (trainer and inference) heartbeat this often; the gateway takes an inference
+    # worker that missed a few for gone.
+    heartbeat_interval_s: float = 2.0
+    # Leadership of the scheduler's and the sweeps controller's processes: the leader renews
+    # its lease about every third of this; a follower takes over once the lease is this old.
+    leader_lease_s: float = 3.0
+    # Largest max_tokens of a generation: the gateway refuses more, and so does the worker.
     inference_max_tokens: int = Field(default=2048, ge=1)
-    inference_attempts: int = Field(default=3, ge=1)
 
-    # Telemetry.
-    telemetry_host: str = "127.0.0.1"
-    telemetry_port: int = 8081
+    # Telemetry: traces and metrics over OpenTelemetry.
     otel_exporter: str = Field(default="none", pattern=r"^(none|console|otlp)$")
     otel_endpoint: str | None = None
 

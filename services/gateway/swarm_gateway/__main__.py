@@ -7,11 +7,11 @@ import logging
 import uvicorn
 
 from swarm_gateway.app import create_app
-from swarm_runtime.settings import Settings
+from swarm_gateway.settings import GatewaySettings
 
 
 def main() -> None:
-    settings = Settings()
+    settings = GatewaySettings()
     logging.basicConfig(
         level=settings.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

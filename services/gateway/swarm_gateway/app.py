@@ -46,9 +46,13 @@ from swarm_gateway.routes import (
     openai,
     openai_files,
     sweeps,
+    tinker,
     workers,
 )
+from swarm_gateway.settings import GatewaySettings
 from swarm_gateway.state import Gateway
+from swarm_gateway.tinker.calls import Calls
+from swarm_gateway.tinker.records import FutureRecord, ModelRecord, SessionRecord
 from swarm_runtime.broker import make_broker
 from swarm_runtime.prometheus import otlp_bridge
 from swarm_runtime.record_cache import RecordCache
@@ -108,7 +112,9 @@ def create_app(
     request_timeout_s: float = 5.0,
     event_stream_max_s: float | None = None,
 ) -> FastAPI:
-    settings = settings or Settings()
+    """The gateway's app; ``settings`` may be the shared ones (its own read from the
+    environment) or ``GatewaySettings``; none: all from the environment."""
+    settings = GatewaySettings.of(settings or Settings())
     subjects = Subjects(settings.namespace)
     api_keys = parse_api_keys(settings.api_keys, settings.admin_keys)
 
@@ -153,6 +159,16 @@ def create_app(
             fine_tunes=fine_tunes,
             fine_tune_list=fine_tune_list,
         )
+        # The Tinker training API's own buckets and its calls to workers (routes.tinker).
+        futures = RecordTable(await kv_bucket(js, subjects, "tinker_futures"), FutureRecord)
+        calls = Calls(nc, subjects, futures)
+        await calls.start()
+        app.state.tinker = tinker.Tables(
+            sessions=RecordTable(await kv_bucket(js, subjects, "tinker_sessions"), SessionRecord),
+            models=RecordTable(await kv_bucket(js, subjects, "tinker_models"), ModelRecord),
+            futures=futures,
+            calls=calls,
+        )
         log.info("gateway connected to %s (namespace %r)", settings.nats_url, settings.namespace)
         if not api_keys:
             log.warning(AUTH_OFF_WARNING)
@@ -162,6 +178,8 @@ def create_app(
         finally:
             await job_list.stop()
             await fine_tune_list.stop()
+            with contextlib.suppress(nats.errors.Error):
+                await calls.stop()
             await inference_workers.stop()
             # Stopping while NATS is away (nats-py refuses to drain a reconnecting
             # connection) must still stop the gateway.
@@ -222,6 +240,7 @@ def create_app(
         (openai.router, "inference"),
         (openai_files.router, "openai"),
         (fine_tuning.router, "openai"),
+        (tinker.router, "tinker"),
     ):
         app.include_router(router, responses=openapi_doc.responses(kind))
     app.include_router(dashboard.router)

@@ -12,7 +12,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from fastapi import APIRouter, HTTPException, status
-from fastapi.responses import FileResponse
+from fastapi.responses import FileResponse, JSONResponse
+
+from swarm_contracts.events import job_lifecycle
 
 STATIC_DIR = Path(__file__).parent / "static"
 
@@ -57,6 +59,14 @@ def _send(name: str, media_type: str) -> FileResponse:
 @router.get("/dashboard")
 async def dashboard_page() -> FileResponse:
     return _send("index.html", "text/html; charset=utf-8")
+
+
+@router.get("/dashboard/lifecycle.json")
+async def dashboard_lifecycle() -> JSONResponse:
+    """What the job states and events mean (``swarm_contracts.events``), so that the page
+    keeps no list of its own."""
+    body = job_lifecycle().model_dump(mode="json")
+    return JSONResponse(body, headers=SECURITY_HEADERS)
 
 
 @router.get("/dashboard/{asset}")

@@ -66,7 +66,25 @@ def percentiles(values: Sequence[float]) -> Percentiles:
     )
 
 
+def _chat(messages: list[dict[str, str]]) -> str:
+    return "\n".join(f"{m['role']}: {m['content']}" for m in messages)
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else _chat(value)
+
+
 def example_text(obj: dict[str, Any]) -> str:
+    """What an example trains on; for a preference pair, its prompt and longer answer (the
+    longer of its two sequences, which bounds its length)."""
+    if "preferred_output" in obj:
+        answers = (_chat(obj["preferred_output"]), _chat(obj["non_preferred_output"]))
+        return _chat(obj["input"]["messages"]) + "\n" + max(answers, key=len)
+    if "chosen" in obj:
+        answers = (_text(obj["chosen"]), _text(obj["rejected"]))
+        # A chat's answer is a message of its own line; a string answer continues the prompt.
+        between = "\n" if isinstance(obj["prompt"], list) else ""
+        return _text(obj["prompt"]) + between + max(answers, key=len)
     if "messages" in obj:
         return "\n".join(f"{m['role']}: {m['content']}" for m in obj["messages"])
     if "prompt" in obj:

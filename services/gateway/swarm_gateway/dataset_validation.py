@@ -1,9 +1,12 @@
 """Checks an uploaded JSONL dataset before anything trains on it.
 
-One JSON object per line, all in one format: text ``{"text"}``, prompt/completion
-``{"prompt", "completion"}`` or chat ``{"messages": [{"role", "content"}, ...]}``. Errors name
-the (1-based) line so that a user can fix the file; a check goes on past a bad line and reports
-the first ``MAX_REPORTED`` of them.
+One JSON object per line, all in one format. For supervised fine-tuning: text ``{"text"}``,
+prompt/completion ``{"prompt", "completion"}`` or chat ``{"messages": [{"role", "content"},
+...]}``. For DPO, preference pairs: ``{"prompt", "chosen", "rejected"}`` as strings, or as
+chat messages (``prompt`` a list of messages, ``chosen`` and ``rejected`` lists of messages
+ending in an assistant turn), or OpenAI's ``{"input": {"messages"}, "preferred_output",
+"non_preferred_output"}``. Errors name the (1-based) line so that a user can fix the file; a
+check goes on past a bad line and reports the first ``MAX_REPORTED`` of them.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ MIN_EXAMPLES = 2
 # Enough for a user to see the pattern of what is wrong, few enough to read in one answer.
 MAX_REPORTED = 20
 CHAT_ROLES = ("system", "user", "assistant", "tool")
+# A line with any of these is a preference pair (DPO's), whatever else it has.
+PREFERENCE_KEYS = ("chosen", "rejected", "input", "preferred_output", "non_preferred_output")
 
 
 class DatasetError(ValueError):
@@ -43,24 +48,59 @@ def _is_str(value: Any) -> bool:
     return isinstance(value, str)
 
 
+def check_messages(messages: Any, where: str, line: int) -> None:
+    """A non-empty list of ``{"role", "content"}`` messages with known roles."""
+    if not isinstance(messages, list) or not messages:
+        raise DatasetError(f"'{where}' must be a non-empty list", line)
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not _is_str(m.get("role")) or not _is_str(m.get("content")):
+            raise DatasetError(
+                f"{where}[{i}] must be an object with string 'role' and 'content'", line
+            )
+        if m["role"] not in CHAT_ROLES:
+            raise DatasetError(f"{where}[{i}].role {m['role']!r} is not one of {CHAT_ROLES}", line)
+
+
+def check_answer(answer: Any, where: str, line: int) -> None:
+    """A preference pair's answer in chat form: messages ending in the assistant's turn."""
+    check_messages(answer, where, line)
+    if answer[-1]["role"] != "assistant":
+        raise DatasetError(f"'{where}' must end with an assistant message", line)
+
+
+def classify_preference(obj: dict[str, Any], line: int) -> DatasetFormat:
+    if "preferred_output" in obj or "non_preferred_output" in obj or "input" in obj:
+        source = obj.get("input")
+        if not isinstance(source, dict):
+            raise DatasetError("'input' must be an object with 'messages'", line)
+        check_messages(source.get("messages"), "input.messages", line)
+        check_answer(obj.get("preferred_output"), "preferred_output", line)
+        check_answer(obj.get("non_preferred_output"), "non_preferred_output", line)
+        return "preference_openai"
+    if not all(key in obj for key in ("prompt", "chosen", "rejected")):
+        missing = [key for key in ("prompt", "chosen", "rejected") if key not in obj]
+        raise DatasetError(f"a preference pair needs {', '.join(map(repr, missing))} too", line)
+    if isinstance(obj["prompt"], list):
+        check_messages(obj["prompt"], "prompt", line)
+        check_answer(obj["chosen"], "chosen", line)
+        check_answer(obj["rejected"], "rejected", line)
+        return "preference_chat"
+    for key in ("prompt", "chosen", "rejected"):
+        if not _is_str(obj[key]):
+            raise DatasetError(
+                f"'{key}' must be a string (or, in chat form, every field a list of messages)",
+                line,
+            )
+    if not obj["chosen"] or not obj["rejected"]:
+        raise DatasetError("'chosen' and 'rejected' must be non-empty", line)
+    return "preference"
+
+
 def classify(obj: dict[str, Any], line: int) -> DatasetFormat:
+    if any(key in obj for key in PREFERENCE_KEYS):
+        return classify_preference(obj, line)
     if "messages" in obj:
-        messages = obj["messages"]
-        if not isinstance(messages, list) or not messages:
-            raise DatasetError("'messages' must be a non-empty list", line)
-        for i, m in enumerate(messages):
-            if (
-                not isinstance(m, dict)
-                or not _is_str(m.get("role"))
-                or not _is_str(m.get("content"))
-            ):
-                raise DatasetError(
-                    f"messages[{i}] must be an object with string 'role' and 'content'", line
-                )
-            if m["role"] not in CHAT_ROLES:
-                raise DatasetError(
-                    f"messages[{i}].role {m['role']!r} is not one of {CHAT_ROLES}", line
-                )
+        check_messages(obj["messages"], "messages", line)
         return "chat"
     if "prompt" in obj or "completion" in obj:
         if not _is_str(obj.get("prompt")) or not _is_str(obj.get("completion")):
@@ -71,7 +111,10 @@ def classify(obj: dict[str, Any], line: int) -> DatasetFormat:
             raise DatasetError("'text' must be a non-empty string", line)
         return "text"
     raise DatasetError(
-        "expected {'text'}, {'prompt','completion'} or {'messages':[{'role','content'}]}", line
+        "expected {'text'}, {'prompt','completion'} or {'messages':[{'role','content'}]}, or "
+        "for DPO {'prompt','chosen','rejected'} or "
+        "{'input':{'messages'},'preferred_output','non_preferred_output'}",
+        line,
     )
 
 

@@ -18,11 +18,14 @@ from typing import Any, Literal
 from nats.js.api import ConsumerConfig, DeliverPolicy
 from pydantic import BaseModel
 
+from swarm_contracts.events import Released, Requeued, named
 from swarm_contracts.jobs import JobRecord
 from swarm_gateway.state import Gateway
 
 READ_TIMEOUT_S = 2.0
 EVENT_PREFIX = "ftevent-"
+# Events of an attempt that ended without ending the job: OpenAI's "warn" level.
+LOST_ATTEMPT = named(Requeued, Released)
 
 
 @dataclass(frozen=True)
@@ -123,7 +126,7 @@ def _placement(name: str, d: dict[str, Any]) -> str | None:
 def _level(name: str) -> Literal["info", "warn", "error"]:
     if name == "failed":
         return "error"
-    return "warn" if name in ("requeued", "released") else "info"
+    return "warn" if name in LOST_ATTEMPT else "info"
 
 
 def _metrics(name: str, d: dict[str, Any]) -> dict[str, Any] | None:

@@ -4,9 +4,11 @@ OpenAI's hyperparameters map onto Swarm's training settings: ``batch_size`` is t
 ``learning_rate_multiplier`` scales Swarm's default learning rate, ``n_epochs`` sets
 ``max_steps`` from the training file's size; a checkpoint and an evaluation come once per
 epoch (and at the end), as OpenAI's do. ``"auto"`` resolves to 8 (at most the number of
-examples), 1.0 and 3. Without a validation file nothing is held out (OpenAI trains on the
-whole file). ``swarm`` (an extension, ``extra_body`` in the stock client) overrides any
-setting of the Swarm spec's ``lora``, ``training``, ``resources`` and ``priority``.
+examples), 1.0 and 3. ``method: {type: "dpo", dpo: {hyperparameters}}`` is a Swarm DPO job
+(``JobSpec.method``), its ``beta`` (``"auto"``: 0.1) the method's. Without a validation
+file nothing is held out (OpenAI trains on the whole file). ``swarm`` (an extension,
+``extra_body`` in the stock client) overrides any setting of the Swarm spec's ``lora``,
+``training``, ``resources`` and ``priority``.
 """
 
 from __future__ import annotations
@@ -14,11 +16,12 @@ from __future__ import annotations
 import math
 import random
 import re
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from swarm_contracts.jobs import JobSpec
+from swarm_contracts.methods import DpoMethod
 from swarm_contracts.names import NAME_MAX
 from swarm_gateway.fine_tune_records import Hyperparameters
 from swarm_gateway.fine_tuning_view import BASE_LR
@@ -26,6 +29,9 @@ from swarm_gateway.openai_errors import OpenAIError
 
 AUTO_BATCH_SIZE, AUTO_EPOCHS, AUTO_LR_MULTIPLIER = 8, 3, 1.0
 MAX_EPOCHS, MAX_BATCH_SIZE, MAX_LR_MULTIPLIER = 50, 4096, 100.0
+AUTO_BETA: float = DpoMethod.model_fields["beta"].default
+MAX_BETA = 100.0
+Method = Literal["supervised", "dpo"]
 SWARM_SECTIONS = ("lora", "training", "resources", "priority")
 METADATA_KEYS, METADATA_KEY_LEN, METADATA_VALUE_LEN = 16, 64, 512
 
@@ -35,11 +41,16 @@ class SupervisedIn(BaseModel):
     hyperparameters: dict[str, Any] | None = None
 
 
+class DpoIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    hyperparameters: dict[str, Any] | None = None
+
+
 class MethodIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
     type: str
     supervised: SupervisedIn | None = None
-    dpo: dict[str, Any] | None = None
+    dpo: DpoIn | None = None
     reinforcement: dict[str, Any] | None = None
 
 
@@ -82,28 +93,34 @@ def check_metadata(metadata: dict[str, str] | None) -> None:
             )
 
 
-def requested_hyperparameters(body: FineTuningJobCreate) -> tuple[dict[str, Any], str]:
-    """The hyperparameters asked for, and the parameter path they came under. Only supervised
-    fine-tuning is there yet: DPO and reinforcement are refused."""
+def requested_method(body: FineTuningJobCreate) -> tuple[Method, dict[str, Any], str]:
+    """The method (``supervised`` or ``dpo``), the hyperparameters asked for, and the
+    parameter path they came under. Reinforcement fine-tuning is refused."""
     method = body.method
-    if method is not None and method.type != "supervised":
-        if method.type in ("dpo", "reinforcement"):
-            raise _bad(
-                "method.type",
-                f"method {method.type!r} is not supported by Swarm yet; use 'supervised'",
-                "unsupported_method",
-            )
-        raise _bad("method.type", f"unknown method {method.type!r}")
-    nested = method.supervised.hyperparameters if method and method.supervised else None
+    asked = method.type if method is not None else "supervised"
+    if asked == "reinforcement":
+        raise _bad(
+            "method.type",
+            "method 'reinforcement' is not supported by Swarm; use 'supervised' or 'dpo'",
+            "unsupported_method",
+        )
+    if asked not in ("supervised", "dpo"):
+        raise _bad("method.type", f"unknown method {asked!r}: 'supervised' or 'dpo'")
+    kind: Method = "dpo" if asked == "dpo" else "supervised"
+    other = "dpo" if kind == "supervised" else "supervised"
+    if method is not None and getattr(method, other) is not None:
+        raise _bad(f"method.{other}", f"method.{other} given for a {kind} job")
+    section = getattr(method, kind) if method is not None else None
+    nested = section.hyperparameters if section is not None else None
     if nested is not None and body.hyperparameters is not None:
         raise _bad(
             "hyperparameters",
-            "give the hyperparameters in method.supervised.hyperparameters or at the top level "
+            f"give the hyperparameters in method.{kind}.hyperparameters or at the top level "
             "(deprecated), not both",
         )
     if nested is not None:
-        return nested, "method.supervised.hyperparameters"
-    return body.hyperparameters or {}, "hyperparameters"
+        return kind, nested, f"method.{kind}.hyperparameters"
+    return kind, body.hyperparameters or {}, "hyperparameters"
 
 
 def _number(
@@ -121,8 +138,18 @@ def _number(
     return kind(value)
 
 
-def resolve_hyperparameters(raw: dict[str, Any], where: str, examples: int) -> Hyperparameters:
-    unknown = sorted(set(raw) - {"n_epochs", "batch_size", "learning_rate_multiplier"})
+def resolve_beta(raw: dict[str, Any], where: str) -> float:
+    """A DPO job's beta: ``"auto"`` is Swarm's default."""
+    return float(_number(raw, "beta", where, float, 0, MAX_BETA, AUTO_BETA))
+
+
+def resolve_hyperparameters(
+    raw: dict[str, Any], where: str, examples: int, method: Method = "supervised"
+) -> Hyperparameters:
+    known = {"n_epochs", "batch_size", "learning_rate_multiplier"}
+    if method == "dpo":
+        known.add("beta")
+    unknown = sorted(set(raw) - known)
     if unknown:
         raise _bad(f"{where}.{unknown[0]}", f"unknown hyperparameter {unknown[0]!r}")
     return Hyperparameters(
@@ -167,9 +194,10 @@ def build_spec(
     validation: str | None,
     examples: int,
     hyper: Hyperparameters,
+    beta: float | None = None,
 ) -> tuple[JobSpec, Hyperparameters, int]:
     """The Swarm spec, the hyperparameters to report (from the spec when ``swarm`` changed
-    the training settings), and the seed."""
+    the training settings), and the seed. ``beta``: a DPO job's."""
     seed = body.seed if body.seed is not None else random.randrange(2**31)
     per_epoch = math.ceil(examples / hyper.batch_size)
     max_steps = per_epoch * hyper.n_epochs
@@ -192,6 +220,8 @@ def build_spec(
         "from_adapter": from_adapter,
         "training": training,
     }
+    if beta is not None:
+        raw["method"] = {"type": "dpo", "beta": beta}
     overrides = body.swarm or {}
     for key in overrides:
         if key not in SWARM_SECTIONS:

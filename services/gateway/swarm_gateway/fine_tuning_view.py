@@ -15,7 +15,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from swarm_contracts.jobs import JobRecord, JobState, TrainingSpec
+from swarm_contracts.jobs import JobRecord, JobSpec, JobState, TrainingSpec
+from swarm_contracts.methods import DpoMethod
 from swarm_gateway.fine_tune_records import (
     FineTune,
     Hyperparameters,
@@ -50,9 +51,26 @@ class SupervisedMethod(BaseModel):
     hyperparameters: Hyperparameters
 
 
+class DpoHyperparameters(Hyperparameters):
+    beta: float
+
+
+class DpoMethodView(BaseModel):
+    hyperparameters: DpoHyperparameters
+
+
 class Method(BaseModel):
-    type: Literal["supervised"] = "supervised"
-    supervised: SupervisedMethod
+    type: Literal["supervised", "dpo"] = "supervised"
+    supervised: SupervisedMethod | None = None
+    dpo: DpoMethodView | None = None
+
+
+def method_of(spec: JobSpec, hyper: Hyperparameters) -> Method:
+    """OpenAI's ``method`` of a job: its Swarm method, with the hyperparameters."""
+    if isinstance(spec.method, DpoMethod):
+        dpo = DpoHyperparameters(**hyper.model_dump(), beta=spec.method.beta)
+        return Method(type="dpo", dpo=DpoMethodView(hyperparameters=dpo))
+    return Method(supervised=SupervisedMethod(hyperparameters=hyper))
 
 
 class FineTuningJob(BaseModel):
@@ -159,6 +177,6 @@ def view(
         validation_file=file_id(spec.validation) if spec.validation else None,
         estimated_finish=estimated_finish(record),
         metadata=extras.metadata if extras is not None else None,
-        method=Method(supervised=SupervisedMethod(hyperparameters=hyper)),
+        method=method_of(spec, hyper),
         swarm_job_id=record.job_id,
     )

@@ -28,7 +28,8 @@ from pydantic import ValidationError
 from swarm_contracts.inference import CancelGeneration, GenerateChunk, GenerateRequest
 from swarm_contracts.jobs import NAME_PATTERN
 from swarm_contracts.refs import Ref
-from swarm_contracts.registry import AdapterVersion, GetAdapter, GetModel, ModelVersion
+from swarm_contracts.registry import GetAdapter, GetModel
+from swarm_contracts.registry_api import GET_ADAPTER, GET_MODEL
 from swarm_gateway.errors import STATUS_OF_CODE, upstream_status
 from swarm_gateway.openai_errors import OpenAIError, model_not_found
 from swarm_gateway.state import Gateway
@@ -64,13 +65,13 @@ async def resolve(gw: Gateway, model: str, tenant: str) -> Target:
         if ref.alias is None:
             try:
                 get = GetModel(name=ref.name, version=ref.version)
-                base = await gw.registry.call("models.get", get, ModelVersion)
+                base = await gw.registry.call(GET_MODEL, get)
                 return Target(base.name, base.version, None)
             except Refused as exc:
                 if exc.code != "not_found":
                     raise
         request = GetAdapter(name=model, tenant=tenant)
-        adapter = await gw.registry.call("adapters.get", request, AdapterVersion)
+        adapter = await gw.registry.call(GET_ADAPTER, request)
     except Refused as exc:
         if exc.code == "not_found":
             raise model_not_found(model) from exc

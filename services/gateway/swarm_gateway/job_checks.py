@@ -4,7 +4,9 @@ job that fails later."""
 
 from __future__ import annotations
 
-from swarm_contracts.datasets import DatasetInfo
+from collections.abc import Sequence
+
+from swarm_contracts.datasets import DatasetInfo, method_takes
 from swarm_contracts.evals import EvalSpec
 from swarm_contracts.jobs import JobSpec
 from swarm_contracts.refs import Ref
@@ -14,8 +16,8 @@ from swarm_contracts.registry import (
     ForkSource,
     GetAdapter,
     GetModel,
-    ModelVersion,
 )
+from swarm_contracts.registry_api import FORK_CHECKPOINT, GET_ADAPTER, GET_MODEL
 from swarm_gateway.errors import field_error
 from swarm_gateway.state import Gateway
 from swarm_runtime.rpc import Refused, Unavailable
@@ -44,9 +46,28 @@ async def check_datasets(
                 "not_found",
             )
         found[path[0]] = entry[0]
+        if path[0] != "evals":
+            check_method_format(spec, entry[0], [*loc, *path])
     if evals is not None:
         check_eval_schemas(evals, loc)
         check_eval_set(spec, evals, found, loc)
+
+
+def check_method_format(spec: JobSpec, dataset: DatasetInfo, loc: Sequence[str | int]) -> None:
+    """A DPO job trains on preference pairs, an SFT job on anything else."""
+    method = spec.method.type
+    if method_takes(method, dataset.format):
+        return
+    if method == "dpo":
+        need = (
+            "a DPO job needs preference pairs: {'prompt','chosen','rejected'} (strings or chat "
+            "messages) or {'input':{'messages'},'preferred_output','non_preferred_output'}"
+        )
+    else:
+        need = "preference pairs train with method {'type': 'dpo'}"
+    raise field_error(
+        422, list(loc), f"dataset {dataset.id} holds {dataset.format} examples: {need}", "invalid"
+    )
 
 
 def check_eval_schemas(evals: EvalSpec, loc: tuple[str, ...]) -> None:
@@ -118,7 +139,7 @@ async def check_parent(
         return None
     request = GetAdapter(name=spec.from_adapter, tenant=tenant)
     try:
-        parent = await gw.registry.call("adapters.get", request, AdapterVersion)
+        parent = await gw.registry.call(GET_ADAPTER, request)
     except Refused as exc:
         if exc.code != "not_found":
             raise
@@ -167,7 +188,7 @@ async def check_fork(
         dry_run=True,
     )
     try:
-        found = await gw.registry.call("checkpoints.fork", request, ForkSource)
+        found = await gw.registry.call(FORK_CHECKPOINT, request)
     except Unavailable:
         return None
     except Refused as exc:
@@ -194,9 +215,7 @@ async def check_base_model(gw: Gateway, spec: JobSpec, loc: tuple[str, ...] = ("
     and a job it cannot place fails with the reason."""
     ref = Ref.parse_versioned(spec.base_model)
     try:
-        model = await gw.registry.call(
-            "models.get", GetModel(name=ref.name, version=ref.version), ModelVersion
-        )
+        model = await gw.registry.call(GET_MODEL, GetModel(name=ref.name, version=ref.version))
     except Unavailable:
         return
     except Refused as exc:

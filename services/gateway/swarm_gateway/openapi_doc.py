@@ -73,6 +73,8 @@ ROUTER_STATUSES: dict[str, tuple[int, ...]] = {
     "inference": (400, 401, 403, 404, 409, 429, 502, 503),
     # Files and fine-tuning jobs: a bad value is OpenAI's 400, not a 422.
     "openai": (400, 401, 403, 404, 409, 413, 502, 503),
+    # The Tinker training API (routes.tinker): FastAPI's error shape, which the SDK reads.
+    "tinker": (*COMMON, *REFUSALS, 400),
 }
 OPENAI_ROUTERS = ("inference", "openai")
 

@@ -21,16 +21,16 @@ from swarm_contracts.workers import WorkerInfo, WorkerOps
 from swarm_gateway.fine_tune_records import FineTune
 from swarm_gateway.inference_workers import InferenceWorkers
 from swarm_gateway.prometheus import GatewayMetrics
+from swarm_gateway.settings import GatewaySettings
 from swarm_runtime.record_cache import RecordCache
 from swarm_runtime.records import RecordTable
 from swarm_runtime.rpc import ServiceClient, Unavailable
-from swarm_runtime.settings import Settings
 from swarm_runtime.store import ObjectStore
 
 
 @dataclass
 class Gateway:
-    settings: Settings
+    settings: GatewaySettings
     subjects: Subjects
     broker: NatsBroker
     nc: NatsClient

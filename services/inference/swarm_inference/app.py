@@ -7,6 +7,7 @@ import logging
 
 from faststream import FastStream
 
+from swarm_inference.settings import InferenceSettings
 from swarm_inference.worker import SERVICE, InferenceWorker
 from swarm_runtime.broker import make_broker
 from swarm_runtime.prometheus import MetricsServer
@@ -14,6 +15,9 @@ from swarm_runtime.settings import Settings
 
 
 def build_app(settings: Settings) -> FastStream:
+    """The inference worker's app; ``settings`` may be the shared ones (its own read from the
+    environment) or ``InferenceSettings``."""
+    settings = InferenceSettings.of(settings)
     broker = make_broker(settings, SERVICE)
     worker = InferenceWorker(settings, broker)
     broker.add_middleware(worker.metrics.messages)
@@ -39,6 +43,6 @@ def build_app(settings: Settings) -> FastStream:
 
 
 def main() -> None:
-    settings = Settings()
+    settings = InferenceSettings()
     logging.basicConfig(level=settings.log_level, format="%(asctime)s %(name)s %(message)s")
     asyncio.run(build_app(settings).run())

@@ -14,7 +14,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from transformers import PreTrainedTokenizerBase as Tokenizer
 
-# For tokenizers without a chat template: the trainer's own chat format (swarm_trainer.data
+# For tokenizers without a chat template: the trainer's own chat format (swarm_trainer.methods.sft
 # encodes {"messages"} examples as "role: content\n" lines), ending with the assistant's
 # header so that the model writes the answer.
 FALLBACK_CHAT_TEMPLATE = (

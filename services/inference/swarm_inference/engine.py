@@ -11,6 +11,9 @@ a burst is prefilled as one batch.
 
 The asyncio side (``generate``) gets its pieces through ``loop.call_soon_threadsafe``;
 leaving the iterator early cancels the request at the next step.
+
+Long because: admission, prefill, splicing, decoding and release all act on the one batch the
+model's thread owns, and are read together.
 """
 
 from __future__ import annotations

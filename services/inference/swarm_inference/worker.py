@@ -6,6 +6,10 @@ so that NATS spreads a base model's requests over the workers holding it. A requ
 the tenant and, optionally, an adapter ref; the worker resolves the ref with the registry (as
 that tenant: another tenant's adapter is unknown), fetches its files once (sha256-checked)
 and hands it to the engine, which loads it into an LRU slot.
+
+Long because: the held models, their subscriptions, adapter fetches and heartbeats share the
+worker's engines and their state; the engine, sampling, adapter files and replies are their
+own modules.
 """
 
 from __future__ import annotations
@@ -35,7 +39,8 @@ from swarm_contracts.inference import (
     Usage,
 )
 from swarm_contracts.refs import Ref
-from swarm_contracts.registry import AdapterVersion, GetAdapter, GetModel, ListModels, ModelVersion
+from swarm_contracts.registry import GetAdapter, GetModel, ListModels, ModelVersion
+from swarm_contracts.registry_api import GET_ADAPTER, GET_MODEL, LIST_MODELS
 from swarm_contracts.subjects import Subjects
 from swarm_inference.adapter_files import CONFIG_FILE, WEIGHTS_FILE, AdapterSource
 from swarm_inference.base_model import load_base_model, pick_device, pick_dtype, render_chat
@@ -51,9 +56,9 @@ from swarm_inference.json_format import ANY_OBJECT
 from swarm_inference.metrics import InferenceMetrics
 from swarm_inference.replies import Replier
 from swarm_inference.sampling import SamplingParams
+from swarm_inference.settings import InferenceSettings
 from swarm_inference.vllm_backend import VllmEngine
 from swarm_runtime.rpc import Refused, ServiceClient, Unavailable
-from swarm_runtime.settings import Settings
 from swarm_runtime.store import NotFound, open_store
 from swarm_runtime.tasks import cancel_and_wait
 
@@ -101,7 +106,7 @@ class OpenRequest:
 
 
 class InferenceWorker:
-    def __init__(self, settings: Settings, broker: NatsBroker) -> None:
+    def __init__(self, settings: InferenceSettings, broker: NatsBroker) -> None:
         self.settings = settings
         self.broker = broker
         self.subjects = Subjects(settings.namespace)
@@ -200,7 +205,7 @@ class InferenceWorker:
         spec = self.settings.inference_models.strip()
         if spec in ("", "*"):
             latest: dict[str, ModelVersion] = {}
-            for model in await self.registry.call("models.list", ListModels(), list[ModelVersion]):
+            for model in await self.registry.call(LIST_MODELS, ListModels()):
                 if model.name not in latest or model.version > latest[model.name].version:
                     latest[model.name] = model
             return list(latest.values())
@@ -211,7 +216,7 @@ class InferenceWorker:
             ref = Ref.parse_versioned(item)
             try:
                 get = GetModel(name=ref.name, version=ref.version)
-                wanted.append(await self.registry.call("models.get", get, ModelVersion))
+                wanted.append(await self.registry.call(GET_MODEL, get))
             except Refused as exc:
                 if exc.code != "not_found":
                     raise
@@ -413,7 +418,7 @@ class InferenceWorker:
         # As the request's tenant: another tenant's adapter is unknown.
         get = GetAdapter(name=request.adapter, tenant=request.tenant)
         try:
-            version = await self.registry.call("adapters.get", get, AdapterVersion)
+            version = await self.registry.call(GET_ADAPTER, get)
         except Refused as exc:
             if exc.code == "not_found":
                 raise RequestFailed("model_not_found", exc.message, 404) from exc

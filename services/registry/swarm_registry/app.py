@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from faststream import FastStream
@@ -13,6 +12,7 @@ from faststream.nats.annotations import NatsMessage
 from faststream.nats.opentelemetry import NatsTelemetryMiddleware
 from opentelemetry.trace import Status, StatusCode, Tracer
 
+from swarm_contracts import registry_api as api
 from swarm_contracts.datasets import DatasetInfo
 from swarm_contracts.envelope import envelope
 from swarm_contracts.jobs import JobRecord
@@ -52,7 +52,7 @@ from swarm_registry.store_access import StoreSigner
 from swarm_runtime.broker import make_broker
 from swarm_runtime.prometheus import MetricsServer
 from swarm_runtime.records import RecordTable
-from swarm_runtime.rpc import answer
+from swarm_runtime.rpc import Route, answer, route
 from swarm_runtime.settings import Settings
 from swarm_runtime.store import open_store
 from swarm_runtime.topology import ensure_topology, kv_bucket
@@ -77,44 +77,45 @@ class Catalogs:
 
 
 class Handlers:
-    """The registry's request/reply operations, one per ``swarm.registry.<action>`` subject:
-    a typed request in, a ``Reply`` (result or error code) out."""
+    """The registry's request/reply operations, one per action of
+    ``swarm_contracts.registry_api``: a typed request in, a ``Reply`` (result or error code)
+    out."""
 
     def __init__(self, catalogs: Catalogs, tracer: Tracer) -> None:
         self.catalogs = catalogs
         self.tracer = tracer
 
-    def routes(self) -> list[tuple[str, Callable[..., Awaitable[Any]], int]]:
-        """(action, handler, concurrent messages) for every subject the registry answers."""
+    def routes(self) -> list[Route]:
+        """A handler for every action of ``registry_api.SERVICE_ACTIONS``."""
         return [
-            ("models.register", self.register_model, REGISTER_WORKERS),
-            ("models.get", self.get_model, 1),
-            ("models.list", self.list_models, 1),
-            ("adapters.register", self.register_adapter, REGISTER_WORKERS),
-            ("adapters.get", self.get_adapter, 1),
-            ("adapters.list", self.list_adapters, 1),
-            ("adapters.delete", self.delete_adapter, 1),
-            ("adapters.verify", self.verify_adapter, REGISTER_WORKERS),
-            ("adapters.lineage", self.adapter_lineage, 1),
-            ("adapters.alias.set", self.set_alias, 1),
-            ("adapters.rule.set", self.set_rule, 1),
-            ("adapters.quarantine", self.quarantine_adapter, 1),
-            ("adapters.unquarantine", self.unquarantine_adapter, 1),
-            ("gc.run", self.run_gc, 1),
+            route(api.REGISTER_MODEL, self.register_model, REGISTER_WORKERS),
+            route(api.GET_MODEL, self.get_model),
+            route(api.LIST_MODELS, self.list_models),
+            route(api.REGISTER_ADAPTER, self.register_adapter, REGISTER_WORKERS),
+            route(api.GET_ADAPTER, self.get_adapter),
+            route(api.LIST_ADAPTERS, self.list_adapters),
+            route(api.DELETE_ADAPTER, self.delete_adapter),
+            route(api.VERIFY_ADAPTER, self.verify_adapter, REGISTER_WORKERS),
+            route(api.ADAPTER_LINEAGE, self.adapter_lineage),
+            route(api.SET_ALIAS, self.set_alias),
+            route(api.SET_RULE, self.set_rule),
+            route(api.QUARANTINE_ADAPTER, self.quarantine_adapter),
+            route(api.UNQUARANTINE_ADAPTER, self.unquarantine_adapter),
+            route(api.RUN_GC, self.run_gc),
             # Copies a checkpoint: a few at once, like registrations.
-            ("checkpoints.fork", self.fork_checkpoint, REGISTER_WORKERS),
+            route(api.FORK_CHECKPOINT, self.fork_checkpoint, REGISTER_WORKERS),
         ]
 
-    def worker_routes(self) -> list[tuple[str, Callable[..., Awaitable[Any]], int]]:
-        """(action, handler, concurrent messages) for what a worker asks on its own subject
-        (``swarm.workers.<id>.registry.<action>``): NATS lets only that worker send there, so
-        the handler gets the sender's worker id from the subject, and acts only for the worker
-        that holds the job's current attempt."""
+    def worker_routes(self) -> list[Route]:
+        """A handler for every action of ``registry_api.WORKER_ACTIONS``, asked on the worker's
+        own subject: NATS lets only that worker send there, so the handler gets the sender's
+        worker id from the subject, and acts only for the worker that holds the job's current
+        attempt."""
         return [
-            ("adapters.register", self.register_worker_adapter, REGISTER_WORKERS),
+            route(api.REGISTER_ADAPTER, self.register_worker_adapter, REGISTER_WORKERS),
             # Every store operation of a worker without keys: several at once (a checkpoint
             # upload asks for each file), each a record read and a local signature.
-            ("store.access", self.store_access, REGISTER_WORKERS),
+            route(api.STORE_ACCESS, self.store_access, REGISTER_WORKERS),
         ]
 
     async def register_model(self, request: RegisterModel) -> Reply[ModelVersion]:
@@ -281,11 +282,10 @@ def build_app(settings: Settings) -> FastStream:
         catalogs.forks = Forks(store, jobs)
 
     handlers = Handlers(catalogs, tracer)
-    for action, handler, workers in handlers.routes():
-        broker.subscriber(subjects.registry(action), queue=SERVICE, max_workers=workers)(handler)
-    for action, handler, workers in handlers.worker_routes():
-        subject = subjects.worker_registry(action)
-        broker.subscriber(subject, queue=SERVICE, max_workers=workers)(handler)
+    served = [(subjects.registry(r.action.name), r) for r in handlers.routes()]
+    served += [(subjects.worker_registry(r.action.name), r) for r in handlers.worker_routes()]
+    for subject, r in served:
+        broker.subscriber(subject, queue=SERVICE, max_workers=r.workers)(r.handler)
 
     async def stop() -> None:
         metrics_server.stop()

@@ -3,12 +3,12 @@ import logging
 
 import uvloop
 
-from swarm_runtime.settings import Settings
 from swarm_scheduler.app import build_app
+from swarm_scheduler.settings import SchedulerSettings
 
 
 def main() -> None:
-    settings = Settings()
+    settings = SchedulerSettings()
     logging.basicConfig(
         level=settings.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s"
     )

@@ -27,11 +27,10 @@ from swarm_runtime.settings import Settings
 from swarm_runtime.tracing import context_from_headers, setup_tracing, tracer_of
 from swarm_scheduler.metrics import SchedulerMetrics
 from swarm_scheduler.scheduler import Scheduler
+from swarm_scheduler.settings import SchedulerSettings
 
 log = logging.getLogger("swarm.scheduler")
 JobEventEnvelope = CloudEvent[Annotated[AnyJobEvent, Field(discriminator="event")]]
-# A follower that still got a message gives it back for the leader after this long.
-FOLLOWER_NACK_DELAY_S = 0.5
 
 
 def _work_queue(stream: str, name: str) -> dict[str, Any]:
@@ -58,10 +57,7 @@ class Handlers:
         self.scheduler = scheduler
 
     def _follower_gives_back(self) -> None:
-        # A follower that still got a message (in the moment before its consumers stopped)
-        # gives it back for the leader.
-        if not self.scheduler.leading:
-            raise RetryLater(FOLLOWER_NACK_DELAY_S)
+        self.scheduler.lead.check()
 
     async def on_submit(self, event: CloudEvent[JobSubmission], msg: RawMsg) -> None:
         self._follower_gives_back()
@@ -121,12 +117,11 @@ def _job_of(subject: str, named: str) -> str:
 
 
 class Consumers:
-    """The scheduler's intakes: heartbeats in every process, the work streams in the leader.
+    """The scheduler's intakes: heartbeats in every process, the work streams in the leader
+    (``swarm_runtime.leader.Lead`` starts and stops them).
 
     Submissions, job events and heartbeats are the scheduler's busiest subjects: intakes on
-    plain nats-py rather than FastStream subscribers (``swarm_runtime.intake`` says why). Only
-    the leader consumes the work streams: the durable pull consumers are shared work queues,
-    so a follower that pulled would take messages away from the leader.
+    plain nats-py rather than FastStream subscribers (``swarm_runtime.intake`` says why).
     """
 
     def __init__(self, broker: NatsBroker, scheduler: Scheduler, metrics: IntakeMetrics) -> None:
@@ -165,29 +160,18 @@ class Consumers:
             ),
         ]
         self.heartbeats = intake(subjects.heartbeat(), handlers.on_heartbeat)
+        self.lead = scheduler.lead
+        self.lead.leader_only(self.leader_only, lambda: broker.connection)
 
     @property
     def all(self) -> list[Intake]:
         return [*self.leader_only, self.heartbeats]
 
-    async def start(self, leading: bool) -> None:
+    async def start(self) -> None:
         # Every scheduler process follows heartbeats (core NATS reaches them all), so that a
         # follower that takes over already knows which workers are alive.
         await self.heartbeats.start(self.broker.connection)
-        await self.lead(leading)
-
-    async def lead(self, leading: bool) -> None:
-        """Start (leader) or stop (follower) the work streams' consumers."""
-        for sub in self.leader_only:
-            try:
-                if leading and not sub.running:
-                    await sub.start(self.broker.connection)
-                elif not leading and sub.running:
-                    await sub.stop()
-            except Exception:
-                # The handlers check leadership too, so a consumer left in the wrong state
-                # delays messages but never lets a follower act on them.
-                log.exception("could not %s a consumer", "start" if leading else "stop")
+        await self.lead.follow(self.lead.leading)
 
     async def stop(self) -> None:
         for sub in self.all:
@@ -195,6 +179,9 @@ class Consumers:
 
 
 def build_app(settings: Settings) -> FastStream:
+    """The scheduler's app; ``settings`` may be the shared ones (its own read from the
+    environment) or ``SchedulerSettings``."""
+    settings = SchedulerSettings.of(settings)
     broker = make_broker(settings, "scheduler")
     scheduler = Scheduler(settings, broker)
     # Observability: the job's trace (docs/observability.md) and Prometheus /metrics.
@@ -205,7 +192,6 @@ def build_app(settings: Settings) -> FastStream:
     broker.add_middleware(metrics.messages)
     metrics_server = MetricsServer(settings, metrics.registry, "scheduler")
     consumers = Consumers(broker, scheduler, metrics.intakes)
-    scheduler.on_leadership = consumers.lead
     # Whether a worker still holds an attempt: any scheduler process answers from its view.
     broker.subscriber(scheduler.subjects.worker_attempt(), queue="scheduler")(
         Handlers(scheduler).on_attempt
@@ -222,7 +208,7 @@ def build_app(settings: Settings) -> FastStream:
 
     @app.after_startup
     async def start() -> None:
-        await consumers.start(scheduler.leading)
+        await consumers.start()
         await scheduler.start()
 
     @app.on_shutdown

@@ -42,7 +42,7 @@ class _StateCollector(Collector):
         jobs = GaugeMetricFamily(
             "swarm_scheduler_open_jobs", "Jobs not yet finished, by state", labels=["state"]
         )
-        for state in (JobState.queued, JobState.assigned, JobState.running, JobState.paused):
+        for state in (s for s in JobState if not s.terminal):
             jobs.add_metric([state.value], states.get(state.value, 0))
         yield jobs
 

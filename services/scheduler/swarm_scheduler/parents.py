@@ -12,14 +12,8 @@ from faststream.nats import NatsBroker
 
 from swarm_contracts.jobs import ForkPoint, JobRecord, JobSpec, ModelRef, ParentAdapter
 from swarm_contracts.refs import Ref
-from swarm_contracts.registry import (
-    AdapterVersion,
-    ForkCheckpoint,
-    ForkSource,
-    GetAdapter,
-    continued_spec,
-    forked_spec,
-)
+from swarm_contracts.registry import ForkCheckpoint, GetAdapter, continued_spec, forked_spec
+from swarm_contracts.registry_api import FORK_CHECKPOINT, GET_ADAPTER
 from swarm_contracts.subjects import Subjects
 from swarm_runtime.rpc import Refused, Unavailable
 from swarm_scheduler.registry_client import registry_of
@@ -37,7 +31,7 @@ async def resolve_parent(
     ref = spec.from_adapter
     request = GetAdapter(name=ref, tenant=tenant)
     try:
-        found = await registry_of(broker, subjects).call("adapters.get", request, AdapterVersion)
+        found = await registry_of(broker, subjects).call(GET_ADAPTER, request)
     except Refused as exc:
         if exc.code == "internal":
             raise Unavailable("registry", exc.message) from exc
@@ -75,7 +69,7 @@ async def resolve_fork(
         optimizer=spec.from_checkpoint_optimizer,
     )
     try:
-        found = await registry_of(broker, subjects).call("checkpoints.fork", request, ForkSource)
+        found = await registry_of(broker, subjects).call(FORK_CHECKPOINT, request)
     except Refused as exc:
         if exc.code == "internal":
             raise Unavailable("registry", exc.message) from exc

@@ -7,6 +7,7 @@ from faststream.nats import NatsBroker
 from swarm_contracts.jobs import ModelRef
 from swarm_contracts.refs import Ref
 from swarm_contracts.registry import GetModel, ModelVersion
+from swarm_contracts.registry_api import GET_MODEL
 from swarm_contracts.subjects import Subjects
 from swarm_runtime.rpc import Refused, ServiceClient, Unavailable
 
@@ -30,9 +31,7 @@ async def resolve_model(broker: NatsBroker, subjects: Subjects, ref: str) -> Mod
     ``UnknownModel`` when the registry refuses (the job fails with its reason), except for its
     own ``internal`` failures, which read as unavailable: the submission is tried again."""
     try:
-        m = await registry_of(broker, subjects).call(
-            "models.get", parse_model_ref(ref), ModelVersion
-        )
+        m = await registry_of(broker, subjects).call(GET_MODEL, parse_model_ref(ref))
     except Refused as exc:
         if exc.code == "internal":
             raise Unavailable("registry", exc.message) from exc

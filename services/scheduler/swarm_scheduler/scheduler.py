@@ -2,6 +2,11 @@
 
 The job records and this process's view of them are ``swarm_scheduler.view``; every change
 here goes through the view's compare-and-set writes.
+
+Long because: every decision that changes a job record is taken here (submissions, workers'
+events, cancels, pauses and resumes, requeues, placement passes, liveness), through one
+compare-and-set writer; its pure parts are their own modules (placement, transitions, leases,
+verification, worker_table).
 """
 
 from __future__ import annotations
@@ -13,8 +18,7 @@ import hashlib
 import logging
 import secrets
 import time
-import uuid
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Iterable
 from datetime import timedelta
 
 from faststream.nats import NatsBroker
@@ -33,6 +37,7 @@ from swarm_contracts.events import (
     Released,
     Requeued,
     Resumed,
+    sent_by_worker,
 )
 from swarm_contracts.jobs import JobRecord, JobState, JobSubmission, job_id_for, utcnow
 from swarm_contracts.memory_estimate import estimate_memory
@@ -49,10 +54,9 @@ from swarm_contracts.workers import (
     WorkerOps,
 )
 from swarm_runtime.broker import publish_job_event
-from swarm_runtime.leader import Leadership
+from swarm_runtime.leader import Lead
 from swarm_runtime.records import Conflict, RecordTable
 from swarm_runtime.rpc import Unavailable
-from swarm_runtime.settings import Settings
 from swarm_runtime.tasks import cancel_and_wait
 from swarm_runtime.topology import ensure_topology, kv_bucket
 from swarm_runtime.tracing import child_span, traceparent
@@ -61,6 +65,7 @@ from swarm_scheduler.metrics import SchedulerMetrics
 from swarm_scheduler.parents import resolve_fork, resolve_parent
 from swarm_scheduler.placement import HOLDING, plan
 from swarm_scheduler.registry_client import UnknownModel, model_ref, resolve_model
+from swarm_scheduler.settings import SchedulerSettings
 from swarm_scheduler.transitions import (
     apply_event,
     copy_record,
@@ -87,8 +92,6 @@ REASON_AFTER_S = 1.0
 RELEASE_RESEND_S = 5.0
 # A liveness check that comes this much later than asked found the scheduler itself paused.
 LIVENESS_PAUSE_S = 1.0
-# Job events only the scheduler sends: from a worker they are refused.
-SCHEDULER_EVENTS = frozenset({"queued", "assigned", "requeued", "paused", "resumed", "verified"})
 # Asked of a worker for a job paused by request (``ReleaseRequest.reason``).
 PAUSE_REASON = "paused by request"
 
@@ -112,7 +115,7 @@ def _fence(
 
 
 class Scheduler:
-    def __init__(self, settings: Settings, broker: NatsBroker) -> None:
+    def __init__(self, settings: SchedulerSettings, broker: NatsBroker) -> None:
         self.settings = settings
         self.broker = broker
         self.subjects = Subjects(settings.namespace)
@@ -131,18 +134,15 @@ class Scheduler:
         self._started_at = time.monotonic()
         # Whether this leadership term has marked the workers it never heard from as lost.
         self._unheard_checked = False
-        self.holder = f"scheduler-{uuid.uuid4().hex[:8]}"
-        self.leadership: Leadership | None = None
-        # Called with True/False as this process gains or loses leadership (the app starts and
-        # stops its stream consumers there).
-        self.on_leadership: Callable[[bool], object] | None = None
+        # The app gives it the stream consumers only the leader runs.
+        self.lead = Lead(SERVICE, self._leadership_changed)
         # Set by the app (swarm_scheduler.app); no-ops for a bare Scheduler.
         self.tracer: Tracer = NoOpTracer()
         self.metrics: SchedulerMetrics | None = None
 
     @property
     def leading(self) -> bool:
-        return self.leadership is not None and self.leadership.leading
+        return self.lead.leading
 
     # --- start and stop ----------------------------------------------------------------
 
@@ -158,15 +158,7 @@ class Scheduler:
         # Rebuild the view before serving: a restarted scheduler picks up where it left.
         await self.view.load(await kv_bucket(js, self.subjects, "jobs"))
         self._started_at = time.monotonic()
-        leader_kv = await kv_bucket(js, self.subjects, "leader")
-        self.leadership = Leadership(
-            leader_kv,
-            "scheduler",
-            self.holder,
-            self.settings.leader_lease_s,
-            self._leadership_changed,
-        )
-        await self.leadership.tick()  # decided before the consumers start
+        await self.lead.prepare(js, self.subjects, self.settings.leader_lease_s)
 
     async def _leadership_changed(self, leading: bool) -> None:
         if leading:
@@ -176,14 +168,9 @@ class Scheduler:
             self.leases.restart()
             self._unheard_checked = False
             self.wake()
-        if self.on_leadership is not None:
-            result = self.on_leadership(leading)
-            if asyncio.iscoroutine(result):
-                await result
 
     async def start(self) -> None:
-        assert self.leadership is not None
-        self.leadership.start()
+        self.lead.start()
         self._tasks = [
             asyncio.create_task(self.view.follow()),
             asyncio.create_task(self.worker_ops.follow()),
@@ -192,8 +179,7 @@ class Scheduler:
         ]
 
     async def stop(self) -> None:
-        if self.leadership is not None:
-            await self.leadership.stop()
+        await self.lead.stop()
         await cancel_and_wait(self._tasks)
         await self.view.close()
         await self.worker_ops.close()
@@ -315,7 +301,7 @@ class Scheduler:
         for everyone else (gateway, telemetry, sweeps), only if that worker holds the job's
         current attempt and ``token`` (the event's attempt token header) is the one that
         attempt's assignment carried; anything else is refused, logged, and goes nowhere."""
-        if event.event in SCHEDULER_EVENTS:
+        if not sent_by_worker(event):
             self._refuse(event, worker_id, "only the scheduler sends this kind of event")
             return
         if self.view.finished(event.job_id):
@@ -491,7 +477,9 @@ class Scheduler:
             log.info("worker %s said goodbye", info.worker_id)
             if self.leading:
                 await self._write_worker(info, now)
-                await self._take_back_all(info.worker_id, "worker shut down")
+                # Left behind by a worker that left on purpose (its hand-back did not make
+                # it in time): not a failed attempt, as a hand-back is not.
+                await self._take_back_all(info.worker_id, "worker shut down", handback=True)
             return
         if heartbeat.state == "starting" and self.leading and info.worker_id in self.view.held:
             # A worker process that is starting runs nothing yet: whatever the records still
@@ -531,13 +519,13 @@ class Scheduler:
         self._worker_kv_written[info.worker_id] = (signature, now)
         await self.worker_kv.put(info.worker_id, info)
 
-    async def _take_back_all(self, worker_id: str, reason: str) -> None:
+    async def _take_back_all(self, worker_id: str, reason: str, *, handback: bool = False) -> None:
         held = [
             r.job_id
             for r in self.view.open.values()
             if r.worker_id == worker_id and r.state in HOLDING
         ]
-        await _gather(self.requeue(job_id, worker_id, reason) for job_id in held)
+        await _gather(self.requeue(job_id, worker_id, reason, handback=handback) for job_id in held)
 
     async def _release_drained(self, now: float) -> None:
         """Ask each worker drained with ``move_jobs`` to hand back the jobs it still runs."""

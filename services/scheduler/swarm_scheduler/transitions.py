@@ -81,6 +81,15 @@ def kept_checkpoints(checkpoints: list[int], step: float | None) -> list[int]:
     return sorted({*checkpoints, *added})[-CHECKPOINTS_KEPT:]
 
 
+def preference_metrics(event: Progress | Validated) -> dict[str, float]:
+    """A DPO job's rewards for the record's metrics (none for SFT). A step's and an
+    evaluation's would share names: ``eval_`` marks the evaluation's."""
+    if event.preference is None:
+        return {}
+    prefix = "eval_" if isinstance(event, Validated) else ""
+    return {prefix + name: value for name, value in event.preference.model_dump().items()}
+
+
 def apply_event(
     record: JobRecord, event: AnyJobEvent, token: str | None = None
 ) -> JobRecord | None:
@@ -102,9 +111,11 @@ def apply_event(
             return None
         case Progress():
             new.metrics.update(step=event.step, loss=event.loss, tokens_per_s=event.tokens_per_s)
+            new.metrics.update(preference_metrics(event))
         case Validated():
             task = event.evals.metrics if event.evals else {}
             new.metrics.update(task, eval_loss=event.eval_loss, perplexity=event.perplexity)
+            new.metrics.update(preference_metrics(event))
             new.evals = event.evals or new.evals
         case CheckpointSaved() if event.step < record.metrics.get("checkpoint_step", 0):
             return None

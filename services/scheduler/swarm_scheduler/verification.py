@@ -21,17 +21,18 @@ from nats.js import JetStreamContext
 
 from swarm_contracts.events import AnyJobEvent, Failed, Queued, Replayed, Requeued, Verified
 from swarm_contracts.jobs import JobRecord, JobState, replay_job_id, unverifiable, utcnow
-from swarm_contracts.registry import AdapterVersion, QuarantineJob
+from swarm_contracts.registry import QuarantineJob
+from swarm_contracts.registry_api import QUARANTINE_ADAPTER
 from swarm_contracts.subjects import Subjects
 from swarm_contracts.verification import Verification, VerificationOutcome, VerifyTarget
 from swarm_contracts.workers import WorkerOps
 from swarm_runtime.job_history import past_events
 from swarm_runtime.records import Conflict, RecordTable
 from swarm_runtime.rpc import Refused, Unavailable
-from swarm_runtime.settings import Settings
 from swarm_scheduler.metrics import SchedulerMetrics
 from swarm_scheduler.placement import provider_of
 from swarm_scheduler.registry_client import registry_of
+from swarm_scheduler.settings import SchedulerSettings
 from swarm_scheduler.verdict import Verdict, drawn, judge, pick_range
 from swarm_scheduler.view import JobView
 from swarm_scheduler.worker_table import WorkerTable
@@ -61,7 +62,7 @@ async def reported_losses(
 class Host(Protocol):
     """What verification uses of the scheduler (``swarm_scheduler.scheduler.Scheduler``)."""
 
-    settings: Settings
+    settings: SchedulerSettings
     broker: NatsBroker
     subjects: Subjects
     view: JobView
@@ -270,9 +271,7 @@ class Verifications:
         s = self.scheduler
         request = QuarantineJob(job_id=job_id, reason=f"verification failed: {reason}")
         try:
-            version = await registry_of(s.broker, s.subjects).call(
-                "adapters.quarantine", request, AdapterVersion
-            )
+            version = await registry_of(s.broker, s.subjects).call(QUARANTINE_ADAPTER, request)
         except Refused as exc:
             if exc.code != "not_found":
                 log.error("could not quarantine the adapter of %s: %s", job_id, exc.message)

@@ -10,16 +10,15 @@ import logging
 from typing import Annotated, Any
 
 from faststream import FastStream
-from faststream.nats import NatsBroker
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from pydantic import Field
 
 from swarm_contracts.envelope import CloudEvent
-from swarm_contracts.events import AnyJobEvent
+from swarm_contracts.events import TERMINAL_EVENTS, AnyJobEvent, Started, Validated, named
 from swarm_contracts.subjects import Subjects
 from swarm_contracts.sweeps import SweepCancelRequest, SweepSubmission
 from swarm_runtime.broker import make_broker
-from swarm_runtime.intake import Handler, Intake, RawMsg, RetryLater
+from swarm_runtime.intake import Handler, Intake, RawMsg
 from swarm_runtime.prometheus import MetricsServer
 from swarm_runtime.settings import Settings
 from swarm_sweeps.controller import Controller
@@ -27,10 +26,8 @@ from swarm_sweeps.metrics import SweepsMetrics
 
 log = logging.getLogger("swarm.sweeps")
 JobEventEnvelope = CloudEvent[Annotated[AnyJobEvent, Field(discriminator="event")]]
-# A follower that still got a message gives it back for the leader after this long.
-FOLLOWER_NACK_DELAY_S = 0.5
 # The job events a sweep acts on; the others (progress, checkpoints, ...) are acked unread.
-TRIAL_EVENTS = frozenset({"started", "validated", "succeeded", "failed", "cancelled"})
+TRIAL_EVENTS = named(Started, Validated) | TERMINAL_EVENTS
 
 
 def _work_queue(
@@ -55,8 +52,7 @@ class Handlers:
         self.controller = controller
 
     async def _leader_only(self) -> None:
-        if not self.controller.leading:
-            raise RetryLater(FOLLOWER_NACK_DELAY_S)
+        self.controller.lead.check()
 
     async def on_submit(self, event: CloudEvent[SweepSubmission], msg: RawMsg) -> None:
         """A new sweep (``swarm.sweeps.submit``; ``Nats-Msg-Id``: its idempotency key)."""
@@ -82,20 +78,6 @@ class Handlers:
         # <prefix>.swarm.jobs.<job_id>.events.<event>
         _, job_id, _, name = subject.rsplit(".", 3)
         return name not in TRIAL_EVENTS or not self.controller.wants(job_id)
-
-
-async def follow_leadership(intakes: list[Intake], broker: NatsBroker, leading: bool) -> None:
-    """Run the consumers on the leader only."""
-    for sub in intakes:
-        try:
-            if leading and not sub.running:
-                await sub.start(broker.connection)
-            elif not leading and sub.running:
-                await sub.stop()
-        except Exception:
-            # The handlers check leadership too: a consumer left in the wrong state delays
-            # messages but never lets a follower act on them.
-            log.exception("could not %s a consumer", "start" if leading else "stop")
 
 
 def build_app(settings: Settings) -> FastStream:
@@ -131,10 +113,7 @@ def build_app(settings: Settings) -> FastStream:
         ),
     ]
 
-    async def consume(leading: bool) -> None:
-        await follow_leadership(intakes, broker, leading)
-
-    controller.on_leadership = consume
+    controller.lead.leader_only(intakes, lambda: broker.connection)
     app = FastStream(broker)
 
     @app.on_startup
@@ -145,7 +124,7 @@ def build_app(settings: Settings) -> FastStream:
 
     @app.after_startup
     async def start() -> None:
-        await consume(controller.leading)
+        await controller.lead.follow(controller.leading)
         await controller.start()
 
     @app.on_shutdown

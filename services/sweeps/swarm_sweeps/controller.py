@@ -22,6 +22,10 @@ trial ``n`` are a pure function of the records before it (``swarm_sweeps.searche
 announcement is published before the record change it announces, with a ``Nats-Msg-Id`` named
 after the sweep, the event and the trial, so that a controller that crashes in between and does
 it again stores the event once (the stream de-duplicates over a day).
+
+Long because: a sweep moves forward under its lock from events, cancellations and the periodic
+check alike, which share its records and ``_advance``; the searchers, ASHA and the metric are
+their own modules.
 """
 
 from __future__ import annotations
@@ -29,9 +33,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import uuid
 from collections import Counter, defaultdict
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from faststream.nats import NatsBroker
@@ -40,7 +43,8 @@ from pydantic import ValidationError
 from swarm_contracts.envelope import envelope
 from swarm_contracts.events import AnyJobEvent, CancelRequest, Started, Validated
 from swarm_contracts.jobs import AdapterRef, JobRecord, JobState, JobSubmission, SweepRef, utcnow
-from swarm_contracts.registry import AliasTarget, SetAlias
+from swarm_contracts.registry import SetAlias
+from swarm_contracts.registry_api import SET_ALIAS
 from swarm_contracts.subjects import Subjects
 from swarm_contracts.sweeps import (
     BEST_ALIAS,
@@ -66,7 +70,7 @@ from swarm_contracts.sweeps import (
     trial_spec,
 )
 from swarm_runtime.intake import RetryLater
-from swarm_runtime.leader import Leadership
+from swarm_runtime.leader import Lead
 from swarm_runtime.records import Conflict, RecordTable
 from swarm_runtime.rpc import Refused, ServiceClient
 from swarm_runtime.settings import Settings
@@ -107,11 +111,8 @@ class Controller:
         self.settings = settings
         self.broker = broker
         self.subjects = Subjects(settings.namespace)
-        self.holder = f"sweeps-{uuid.uuid4().hex[:8]}"
-        self.leadership: Leadership | None = None
-        # Called with True/False as this process gains or loses the lead (the app starts and
-        # stops its stream consumers there).
-        self.on_leadership: Callable[[bool], Awaitable[None]] | None = None
+        # The app gives it the stream consumers only the leader runs.
+        self.lead = Lead("sweeps", self._leadership_changed)
         # Set by the app; None for a bare controller.
         self.on_trial_end: Callable[[TrialState], None] | None = None
         self.live: dict[str, Live] = {}
@@ -122,7 +123,7 @@ class Controller:
 
     @property
     def leading(self) -> bool:
-        return self.leadership is not None and self.leadership.leading
+        return self.lead.leading
 
     # --- start and stop ----------------------------------------------------------------------
 
@@ -135,23 +136,14 @@ class Controller:
         self.registry = ServiceClient(
             self.broker.connection, "registry", self.subjects.registry, REGISTRY_TIMEOUT_S
         )
-        self.leadership = Leadership(
-            await kv_bucket(js, self.subjects, "leader"),
-            "sweeps",
-            self.holder,
-            self.settings.leader_lease_s,
-            self._leadership_changed,
-        )
-        await self.leadership.tick()  # decided before the consumers start
+        await self.lead.prepare(js, self.subjects, self.settings.leader_lease_s)
 
     async def start(self) -> None:
-        assert self.leadership is not None
-        self.leadership.start()
+        self.lead.start()
         self._task = asyncio.create_task(self._check_loop())
 
     async def stop(self) -> None:
-        if self.leadership is not None:
-            await self.leadership.stop()
+        await self.lead.stop()
         await cancel_and_wait([self._task])
 
     async def _leadership_changed(self, leading: bool) -> None:
@@ -165,8 +157,6 @@ class Controller:
         else:
             self.live.clear()
             self.trial_jobs.clear()
-        if self.on_leadership is not None:
-            await self.on_leadership(leading)
 
     async def _load(self) -> None:
         """The running sweeps and their trials, as KV has them: where the last leader left."""
@@ -242,7 +232,7 @@ class Controller:
                 await self._started(live, n)
             elif isinstance(event, Validated):
                 await self._evaluated(live, n, event)
-            elif event.event in ("succeeded", "failed", "cancelled"):
+            elif event.meaning.terminal:
                 await self._job_ended(live, n, event.attempt)
             if sweep_id in self.live:
                 await self._advance(live)
@@ -548,7 +538,7 @@ class Controller:
             name=record.spec.name, alias=BEST_ALIAS, version=version, tenant=record.tenant
         )
         try:
-            await self.registry.call("adapters.alias.set", request, AliasTarget)
+            await self.registry.call(SET_ALIAS, request)
         except Refused as exc:
             log.warning("sweep %s: alias %s refused: %s", record.sweep_id, BEST_ALIAS, exc)
             return f"could not set alias {BEST_ALIAS}: {exc.message}"

@@ -5,12 +5,12 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from swarm_runtime.settings import Settings
 from swarm_telemetry.app import build_app
+from swarm_telemetry.settings import TelemetrySettings
 
 
 def main() -> None:
-    settings = Settings()
+    settings = TelemetrySettings()
     logging.basicConfig(level=settings.log_level, format="%(asctime)s %(name)s %(message)s")
     asyncio.run(build_app(settings).run())
 

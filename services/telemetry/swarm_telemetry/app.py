@@ -15,7 +15,7 @@ from pydantic import Field, TypeAdapter, ValidationError
 
 from swarm_contracts.envelope import CloudEvent
 from swarm_contracts.events import AnyJobEvent, JobEvent
-from swarm_contracts.metrics import GetJobMetrics, JobMetrics
+from swarm_contracts.metrics import GET_JOB_METRICS, GetJobMetrics, JobMetrics
 from swarm_contracts.replies import Reply
 from swarm_contracts.subjects import Subjects
 from swarm_runtime.broker import make_broker
@@ -26,6 +26,7 @@ from swarm_telemetry.http_api import build_http
 from swarm_telemetry.otel_metrics import OtelMetrics
 from swarm_telemetry.prometheus_metrics import PrometheusMetrics
 from swarm_telemetry.series import SeriesStore
+from swarm_telemetry.settings import TelemetrySettings
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +40,9 @@ class TelemetryService:
     """Series, exporters, the FastStream app and the HTTP app of one telemetry instance."""
 
     def __init__(self, settings: Settings) -> None:
-        self.settings = settings
+        """``settings``: the shared ones (its own read from the environment) or
+        ``TelemetrySettings``."""
+        self.settings = settings = TelemetrySettings.of(settings)
         self.subjects = Subjects(settings.namespace)
         self.series = SeriesStore()
         self.prometheus = PrometheusMetrics(self.series)
@@ -90,7 +93,7 @@ class TelemetryService:
                 return
             self.consume(envelope.data)
 
-        @self.broker.subscriber(subjects.telemetry("metrics.get"), queue=SERVICE)
+        @self.broker.subscriber(subjects.telemetry(GET_JOB_METRICS.name), queue=SERVICE)
         async def get_metrics(request: GetJobMetrics) -> Reply[JobMetrics]:
             async def work() -> JobMetrics:
                 metrics = self.series.get(request.job_id, request.max_points)

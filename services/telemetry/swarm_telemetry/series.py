@@ -4,27 +4,19 @@ from __future__ import annotations
 
 from typing import TypeVar
 
-from swarm_contracts.events import JobEvent, Progress, Validated
+from swarm_contracts.events import MEANINGS, JobEvent, Progress, Validated
+from swarm_contracts.jobs import JobState
 from swarm_contracts.metrics import EvalPoint, JobMetrics, TrainPoint
 
 P = TypeVar("P", TrainPoint, EvalPoint)
 
-# The job state an event leaves a job in, for the jobs-by-state gauge.
-STATE_AFTER = {
-    "queued": "queued",
-    "requeued": "queued",
-    "assigned": "assigned",
-    "started": "running",
-    "progress": "running",
-    "checkpoint": "running",
-    "validated": "running",
-    "paused": "paused",
-    "resumed": "queued",
-    "succeeded": "succeeded",
-    "failed": "failed",
-    "cancelled": "cancelled",
+# The job state an event leaves a job in, for the jobs-by-state gauge (events that leave the
+# state as it was are not in it).
+STATE_AFTER: dict[str, JobState] = {
+    name: meaning.state_after
+    for name, meaning in MEANINGS.items()
+    if meaning.state_after is not None
 }
-TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
 
 
 def downsample(points: list[P], max_points: int | None) -> list[P]:
@@ -45,7 +37,7 @@ class JobSeries:
         self.job_id = job_id
         self.train: dict[tuple[int, int], TrainPoint] = {}
         self.eval: dict[tuple[int, int], EvalPoint] = {}
-        self.state: str | None = None
+        self.state: JobState | None = None
         self.attempt = 0
         self.tokens_per_s = 0.0
 
@@ -94,11 +86,11 @@ class SeriesStore:
         return job.metrics(max_points) if job else None
 
     def count_by_state(self) -> dict[str, int]:
-        counts = dict.fromkeys(sorted(set(STATE_AFTER.values())), 0)
+        counts = {state.value: 0 for state in sorted(JobState)}
         for job in self.jobs.values():
             if job.state:
-                counts[job.state] += 1
+                counts[job.state.value] += 1
         return counts
 
     def running_tokens_per_s(self) -> float:
-        return sum(j.tokens_per_s for j in self.jobs.values() if j.state == "running")
+        return sum(j.tokens_per_s for j in self.jobs.values() if j.state == JobState.running)

@@ -4,8 +4,15 @@ A cancel is a flag the training loop polls every step (``control.JobControl``); 
 runs (Ray starting the controller and the worker group, the ranks importing torch and loading
 the model: tens of seconds on a loaded machine) nothing polls it. So the run's controller
 gives the job's ``JobControl`` its own handle as it starts, and ``JobControl.abort`` kills it
-(the ranks, which it owns, go with it; Ray Train's placement-group cleaner frees their
-resources), whether it is asked before or after the controller got there.
+(the ranks, which it owns, go with it), whether it is asked before or after the controller got
+there.
+
+The worker group's placement group is handed over too, and removed by ``JobControl`` after
+the kill (which waits for it while the group starts). Ray Train's own cleaner for a dead
+controller's placement group asks Ray's state API, which needs the dashboard (the agent starts
+Ray without it) and a single Ray instance on the host: without either it never removes
+anything, and the killed run's CPUs stay reserved until the agent exits, so that the next
+attempt placed on this worker waits for them forever.
 
 Its own module: the controller process unpickles this callback, and ``control`` is imported
 by the ``JobControl`` actor, which must not pay for importing Ray Train.
@@ -16,12 +23,21 @@ from __future__ import annotations
 from typing import Any
 
 import ray
-from ray.train.v2._internal.execution.callback import ControllerCallback
+from ray.train.v2._internal.execution.callback import ControllerCallback, WorkerGroupCallback
 
 
-class RegisterController(ControllerCallback):
+class RegisterController(ControllerCallback, WorkerGroupCallback):
     def __init__(self, control: Any) -> None:
         self.control = control
 
     def after_controller_start(self, train_run_context: Any) -> None:
         self.control.set_controller.remote(ray.get_runtime_context().current_actor)
+
+    def before_worker_group_start(self, worker_group_context: Any) -> None:
+        ray.get(self.control.group_starting.remote())
+
+    def after_worker_group_start(self, worker_group: Any) -> None:
+        state = worker_group.get_worker_group_state()
+        # Waited for: a kill right after this returns must find the group to remove.
+        placement_group = state.placement_group_handle.placement_group
+        ray.get(self.control.add_placement_group.remote(placement_group))

@@ -47,11 +47,14 @@ from swarm_contracts.events import (
 )
 from swarm_contracts.jobs import AdapterRef, JobRecord, JobState, utcnow
 from swarm_contracts.layout import CHECKPOINTS_KEPT
+from swarm_contracts.methods import PreferenceMetrics
 from swarm_contracts.providers import read_credentials, token_digest
 from swarm_contracts.registry import AdapterVersion, Lineage, RegisterAdapter
+from swarm_contracts.registry_api import REGISTER_ADAPTER
 from swarm_contracts.subjects import Subjects
 from swarm_contracts.verification import ReplayReport
 from swarm_contracts.workers import (
+    ATTEMPT,
     CACHED_MODELS_MAX,
     Assignment,
     AttemptQuery,
@@ -69,7 +72,6 @@ from swarm_contracts.workers import (
 from swarm_runtime.broker import publish_job_event
 from swarm_runtime.records import RecordTable
 from swarm_runtime.rpc import Refused, ServiceClient, Unavailable
-from swarm_runtime.settings import Settings
 from swarm_runtime.store import ObjectStore, is_unreachable, open_store
 from swarm_runtime.tasks import cancel_and_wait
 from swarm_runtime.topology import ensure_topology, kv_bucket
@@ -81,6 +83,7 @@ from swarm_trainer.job_history import workers_that_ran
 from swarm_trainer.job_trace import JobTrace, note_event
 from swarm_trainer.metrics import TrainerMetrics
 from swarm_trainer.resources import detect_resources
+from swarm_trainer.settings import TrainerSettings
 from swarm_trainer.signed_store import SignedAccess, SignedStore
 
 if TYPE_CHECKING:
@@ -100,6 +103,8 @@ REGISTER_TIMEOUT_S = 60.0
 STOP_S = 2.0
 # Why a job paused by request is handed back (the scheduler's ``ReleaseRequest`` says the same).
 PAUSE_REASON = "paused by request"
+# How long a worker that shuts down waits for the scheduler to take its hand-backs in.
+TAKEN_BACK_WAIT_S = 10.0
 
 
 def default_worker_id() -> str:
@@ -153,7 +158,7 @@ class ActiveJob:
 
 
 class TrainerAgent:
-    def __init__(self, settings: Settings, broker: NatsBroker) -> None:
+    def __init__(self, settings: TrainerSettings, broker: NatsBroker) -> None:
         self.settings = settings
         self.broker = broker
         self.subjects = Subjects(settings.namespace)
@@ -275,15 +280,17 @@ class TrainerAgent:
         with contextlib.suppress(Exception):
             await self._send_heartbeat()
         reason = "worker shutting down"
-        for active in list(self.active.values()):
+        handing_back = list(self.active.values())
+        for active in handing_back:
             await self._request_release(active, reason)
         # Each until its run has stopped, or its hand-back went out (``_enforce_stop``).
-        running = [a.stopper for a in self.active.values() if a.stopper is not None]
+        running = [a.stopper for a in handing_back if a.stopper is not None]
         if running:
             log.info("handing back %d job(s) before exiting", len(running))
             _, late = await asyncio.wait(running, timeout=self.settings.shutdown_grace_s)
             if late:
                 log.warning("%d job(s) did not stop in time; left to the scheduler", len(late))
+        await self._until_taken_back([a for a in handing_back if a.reported])
         tasks = [
             t
             for t in [
@@ -301,6 +308,26 @@ class TrainerAgent:
         # a Ray connection the agent found (a test's, an embedding process's) is left alone.
         if self._own_ray:
             await asyncio.to_thread(_shutdown_ray)
+
+    async def _until_taken_back(self, handed_back: list[ActiveJob]) -> None:
+        """Until the scheduler has taken these hand-backs in (its records no longer give the
+        jobs to this worker), ``TAKEN_BACK_WAIT_S`` at most. The goodbye that follows is a
+        core NATS message and the ``released`` events went through a stream: the goodbye
+        may well be read first, and it would then take the jobs back as left behind rather
+        than as handed back from their checkpoints."""
+        deadline = time.monotonic() + TAKEN_BACK_WAIT_S
+        pending = list(handed_back)
+        while pending and time.monotonic() < deadline:
+            still = []
+            for active in pending:
+                try:
+                    if (await self._status(active.job)).holds:
+                        still.append(active)
+                except Exception:  # cannot tell (NATS or the scheduler down): the goodbye decides
+                    log.warning("could not ask about %s", active.job.job_id, exc_info=True)
+            pending = still
+            if pending:
+                await asyncio.sleep(0.2)
 
     # --- self-benchmark ------------------------------------------------------------------
 
@@ -767,7 +794,7 @@ class TrainerAgent:
         provider's, which may read no job records."""
         query = AttemptQuery(job_id=job.job_id, attempt=job.attempt)
         if self.jobs is None:
-            return await self.scheduler.call("attempt", query, AttemptStatus)
+            return await self.scheduler.call(ATTEMPT, query)
         found = await self.jobs.get(job.job_id)
         return AttemptStatus.of(found[0] if found else None, query, self.worker_id)
 
@@ -801,6 +828,7 @@ class TrainerAgent:
                     tokens_per_s=report.tokens_per_s,
                     elapsed_s=report.elapsed_s,
                     tokens=round(report.tokens_per_s * report.step_s),
+                    preference=PreferenceMetrics.of(report.metrics),
                 )
                 await self._emit(event, report.step)
             case reports.Validated():
@@ -811,6 +839,7 @@ class TrainerAgent:
                     eval_loss=report.eval_loss,
                     perplexity=report.perplexity,
                     evals=EvalResult.model_validate_json(report.evals) if report.evals else None,
+                    preference=PreferenceMetrics.of(report.metrics),
                 )
                 await self._emit(validated, report.step)
             case reports.CheckpointReported():
@@ -928,7 +957,7 @@ class TrainerAgent:
             ):
                 with attempt:
                     # The request carries the current span: the registry's join the job's trace.
-                    return await registry.call("adapters.register", request, AdapterVersion)
+                    return await registry.call(REGISTER_ADAPTER, request)
         except Refused as exc:
             raise RegistrationError(f"registry refused the adapter: {exc.message}") from exc
         raise AssertionError("unreachable: tenacity reraises the last error")

@@ -13,8 +13,9 @@ from faststream.nats import JStream, PullSub
 from swarm_contracts.envelope import CloudEvent
 from swarm_contracts.events import CancelRequest
 from swarm_contracts.providers import read_credentials
-from swarm_contracts.registry import ExportAdapter, ExportResult
+from swarm_contracts.registry import EXPORT_ADAPTER, ExportAdapter, ExportResult
 from swarm_contracts.replies import Reply
+from swarm_contracts.sessions import SessionCall, SessionResult
 from swarm_contracts.workers import (
     Assignment,
     BenchmarkRequest,
@@ -28,9 +29,14 @@ from swarm_runtime.settings import Settings, absolute
 from swarm_runtime.tracing import setup_tracing, tracer_of
 from swarm_trainer.agent import SERVICE, TrainerAgent
 from swarm_trainer.metrics import TrainerMetrics
+from swarm_trainer.sessions_host import SessionHost
+from swarm_trainer.settings import TrainerSettings
 
 
 def build_app(settings: Settings) -> FastStream:
+    """The trainer agent's app; ``settings`` may be the shared ones (its own read from the
+    environment) or ``TrainerSettings``."""
+    settings = TrainerSettings.of(settings)
     broker = make_broker(settings, SERVICE)
     agent = TrainerAgent(settings, broker)
     subjects = agent.subjects
@@ -83,6 +89,17 @@ def build_app(settings: Settings) -> FastStream:
     async def on_benchmark(request: BenchmarkRequest) -> Reply[WorkerBenchmark]:
         return await answer(Reply[WorkerBenchmark], agent.benchmark_requested(request))
 
+    # Tinker training sessions held here (swarm_trainer.sessions_host): the gateway's calls, on
+    # this worker's own subject, one at a time (their order is the session's). Only the
+    # cluster's own agents hold sessions (docs/tinker.md): a session is no job whose attempt
+    # would grant a provider store access, and providers' credentials do not allow the subject.
+    sessions = SessionHost(agent.store, agent.cache, settings.session_idle_s)
+    if agent.provider is None:
+
+        @broker.subscriber(subjects.worker_session(agent.worker_id))
+        async def on_session_call(call: SessionCall) -> Reply[SessionResult]:
+            return await answer(Reply[SessionResult], sessions.call(call))
+
     store = agent.store
     if agent.provider is None and store is not None:
         # Any of the cluster's agents can merge (it writes the store): a queue group spreads
@@ -97,7 +114,7 @@ def build_app(settings: Settings) -> FastStream:
             registry = ServiceClient(broker.connection, "registry", subjects.registry, timeout=10.0)
             return await answer(Reply[ExportResult], export_registered(registry, store, request))
 
-        broker.subscriber(subjects.trainer("export"), queue="trainer-export")(on_export)
+        broker.subscriber(subjects.trainer(EXPORT_ADAPTER.name), queue="trainer-export")(on_export)
 
     app = FastStream(
         broker,
@@ -109,10 +126,13 @@ def build_app(settings: Settings) -> FastStream:
     app.context.set_global("tracer_provider", tracing)  # tests add their span exporter to it
     app.context.set_global("metrics_server", metrics_server)
     app.agent = agent  # type: ignore[attr-defined]  # for tests and introspection
+    app.sessions = sessions  # type: ignore[attr-defined]
     return app
 
 
-def join_settings(settings: Settings, creds: Path, nats_url: str | None = None) -> Settings:
+def join_settings(
+    settings: TrainerSettings, creds: Path, nats_url: str | None = None
+) -> TrainerSettings:
     """A provider's agent: its join file's identity and NATS URL (``nats_url`` overrides it),
     and, unless store keys or ``SWARM_STORE_ACCESS`` are given, no store keys at all: the
     registry grants its jobs' keys one by one (docs/providers.md, *Store access*)."""
@@ -137,7 +157,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     join.add_argument("--nats", help="the Swarm's NATS URL (default: the one in the file)")
     args = parser.parse_args(argv)
-    settings = Settings()
+    settings = TrainerSettings()
     if args.command == "join":
         settings = join_settings(settings, args.creds, args.nats)
     logging.basicConfig(level=settings.log_level, format="%(asctime)s %(name)s %(message)s")

@@ -118,8 +118,6 @@ def train_tokens_per_s(device: torch.device, dtype: torch.dtype, seconds: float)
     return _rate(device, seconds, step)
 
 
-
-
 def measure(budget_s: float = 1.0, device: torch.device | None = None) -> WorkerBenchmark:
     """Half the budget on matmuls, half on training steps (see ``_rate``)."""
     device = device or pick_device()

@@ -36,7 +36,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from swarm_runtime.settings import Settings
+from swarm_trainer.settings import TrainerSettings
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ class CacheSettings(BaseModel):
     max_bytes: int
 
     @classmethod
-    def of(cls, settings: Settings) -> CacheSettings:
+    def of(cls, settings: TrainerSettings) -> CacheSettings:
         # Absolute: the Ray workers do not run in the agent's working directory.
         directory = settings.trainer_cache_dir or Path(settings.work_dir) / "cache"
         return cls(dir=directory.resolve(), max_bytes=settings.trainer_cache_max_bytes)

@@ -9,6 +9,8 @@ and peft would cost that process seconds of start-up); rank 0's end is ``reporte
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from typing import Any
 
 import ray
@@ -19,6 +21,8 @@ from ray.util.queue import Queue
 QUEUE_SIZE = 10_000
 CANCEL = 1
 RELEASE = 2
+# Ray Train's own default timeout for starting a worker group.
+GROUP_START_WAIT_S = 60.0
 
 
 @ray.remote(num_cpus=0)
@@ -29,6 +33,8 @@ class JobControl:
     def __init__(self) -> None:
         self._mode = 0
         self._controller: Any = None
+        self._placement_groups: list[Any] = []
+        self._group_starting = False
         self._aborted = False
 
     def cancel(self) -> None:
@@ -40,15 +46,46 @@ class JobControl:
         if self._aborted:  # asked before the controller was there
             self._kill()
 
+    def group_starting(self) -> None:
+        """The controller is about to create the worker group's placement group."""
+        self._group_starting = True
+
+    def add_placement_group(self, placement_group: Any) -> None:
+        """The run's worker group started in ``placement_group`` (``swarm_trainer.abort``)."""
+        self._group_starting = False
+        self._placement_groups.append(placement_group)
+        if self._aborted:  # an abort waited for it
+            self._kill()
+
     def abort(self) -> None:
         """Stop the run now, wherever it is: the controller is killed (and with it the
-        ranks, which it owns) now or as soon as it starts."""
+        ranks, which it owns) now or as soon as it starts.
+
+        While the worker group starts, its placement group exists but is not known here yet:
+        the kill waits until it is (``add_placement_group``), as removing it is the only way
+        to give its CPUs back, or ``GROUP_START_WAIT_S`` at most. Nobody waits on the kill:
+        the agent has reported the stop and let go of the job already."""
         self._mode, self._aborted = CANCEL, True
-        self._kill()
+        if self._group_starting:
+            threading.Timer(GROUP_START_WAIT_S, self._kill).start()
+        else:
+            self._kill()
 
     def _kill(self) -> None:
         if self._controller is not None:
-            ray.kill(self._controller, no_restart=True)
+            with contextlib.suppress(Exception):  # already dead (a second kill)
+                ray.kill(self._controller, no_restart=True)
+        self._remove_placement_groups()
+
+    def _remove_placement_groups(self) -> None:
+        # A killed controller leaves its placement group (a driver-scoped resource) behind.
+        from ray.util.placement_group import remove_placement_group
+
+        for placement_group in self._placement_groups:
+            # Already removed if the controller got to shut down by itself.
+            with contextlib.suppress(Exception):
+                remove_placement_group(placement_group)
+        self._placement_groups.clear()
 
     def release(self) -> None:
         # A cancel already asked for wins: nothing is to be saved then.

@@ -1,10 +1,8 @@
-"""JSONL datasets to token batches: tokenize, mask prompts, split, shard by rank, pad.
+"""JSONL datasets to token batches: read, split, shard by rank, sample, pad or pack.
 
-Supported line formats (one JSON object per line):
-
-* ``{"text": ...}``: loss on every token;
-* ``{"prompt": ..., "completion": ...}``: loss on the completion only;
-* ``{"messages": [{"role": ..., "content": ...}, ...]}``: loss on assistant turns only.
+What a line holds and how it becomes tokens is the training method's (``methods``: SFT's
+text, prompt/completion and chat lines, DPO's preference pairs); this module lays tokenized
+sequences (``Example``) out in micro-batches.
 
 A micro-batch is either padded (rows padded to the longest example of the batch) or packed
 (the batch's examples laid end to end in as few rows as fit ``seq_len``, with ``position_ids``
@@ -22,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -67,7 +65,7 @@ class Batch:
     # Packed rows: the longest example, which varlen attention kernels take as a host int.
     max_length: int | None = None
     # One-row batches: the positions whose next token is a target, the only ones whose logits
-    # the loss needs (``step.causal_lm_loss``).
+    # the loss needs (``methods.sft.target_logits``).
     predicting: torch.Tensor | None = None
 
     def to(self, device: torch.device) -> Batch:
@@ -112,66 +110,6 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return records
 
 
-def _segments(record: dict[str, Any]) -> list[tuple[str, bool]]:
-    """(text, trained-on) pieces of one example, in order."""
-    if "prompt" in record and "completion" in record:
-        return [(str(record["prompt"]), False), (str(record["completion"]), True)]
-    if "text" in record:
-        return [(str(record["text"]), True)]
-    if "messages" in record and isinstance(record["messages"], list):
-        pieces: list[tuple[str, bool]] = []
-        for message in record["messages"]:
-            role, content = str(message.get("role", "user")), str(message.get("content", ""))
-            # The role header is context, never a target: the model should learn the answers.
-            pieces.append((f"{role}: ", False))
-            pieces.append((content + "\n", role == "assistant"))
-        return pieces
-    raise DatasetError(
-        f"unsupported example with keys {sorted(record)}: "
-        "expected text, prompt+completion, or messages"
-    )
-
-
-def encode_example(
-    record: dict[str, Any], tokenizer: Tokenizer, seq_len: int, source: int = -1
-) -> Example | None:
-    """Tokens and labels (prompt positions = -100); None if nothing is left to learn from."""
-    input_ids: list[int] = []
-    labels: list[int] = []
-    if tokenizer.bos_token_id is not None:
-        input_ids.append(tokenizer.bos_token_id)
-        labels.append(IGNORE_INDEX)
-    for text, trained in _segments(record):
-        ids = tokenizer.encode(text, add_special_tokens=False)
-        input_ids.extend(ids)
-        labels.extend(ids if trained else [IGNORE_INDEX] * len(ids))
-    if tokenizer.eos_token_id is not None:
-        input_ids.append(tokenizer.eos_token_id)
-        # The end of a trained piece is itself a target: the model must learn to stop.
-        labels.append(tokenizer.eos_token_id if labels[-1] != IGNORE_INDEX else IGNORE_INDEX)
-    input_ids, labels = input_ids[:seq_len], labels[:seq_len]
-    if all(label == IGNORE_INDEX for label in labels):
-        return None
-    return Example(input_ids, labels, source)
-
-
-def tokenize(
-    records: Sequence[dict[str, Any]],
-    tokenizer: Tokenizer,
-    seq_len: int,
-    sources: Sequence[int] | None = None,
-) -> list[Example]:
-    ids = range(len(records)) if sources is None else sources
-    examples = [
-        e
-        for r, i in zip(records, ids, strict=True)
-        if (e := encode_example(r, tokenizer, seq_len, i)) is not None
-    ]
-    if not examples:
-        raise DatasetError("no example has any target token left after truncation to seq_len")
-    return examples
-
-
 def split_holdout(
     records: Sequence[Any], val_fraction: float, seed: int
 ) -> tuple[list[Any], list[Any]]:
@@ -195,7 +133,8 @@ def shard(items: Sequence[Any], rank: int, world_size: int) -> list[Any]:
 
 
 def collate(examples: Sequence[Example], pad_id: int) -> Batch:
-    """Right-pad to the longest example; padded positions are masked and never targets."""
+    """Right-pad to the longest example; padded positions are masked and never targets. One
+    row per example, in order (``sources`` too)."""
     width = max(len(e.input_ids) for e in examples)
     input_ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
     labels = torch.full((len(examples), width), IGNORE_INDEX, dtype=torch.long)
@@ -231,7 +170,9 @@ def collate_packed(examples: Sequence[Example], pad_id: int, capacity: int) -> B
 
     The tail padding of a row gets its own restarted positions, so it is one more segment
     that attends only to itself and is never a target. ``cu_seq_lens`` are the segments'
-    bounds over the rows laid end to end (what varlen attention kernels take).
+    bounds over the rows laid end to end (what varlen attention kernels take). ``sources``
+    are in the order the examples are laid out, row by row, so the targets (row-major) are
+    each example's in that order: a method that needs each target's sequence (DPO) can tell.
     """
     rows = pack_rows(examples, capacity)
     width = max(sum(len(e.input_ids) for e in row) for row in rows)
@@ -269,20 +210,34 @@ def collate_packed(examples: Sequence[Example], pad_id: int, capacity: int) -> B
     return Batch(inputs, tokens, sources, count_targets(labels), longest, predicting)
 
 
+def collate_rows(examples: Sequence[Example], pad_id: int, pack_to: int | None) -> Batch:
+    """Packed into rows of ``pack_to`` tokens, or padded (``pack_to`` None)."""
+    if pack_to is not None:
+        return collate_packed(examples, pad_id, pack_to)
+    return collate(examples, pad_id)
+
+
+# How a method lays its examples out in a micro-batch: (examples, pad id, row capacity when
+# packing) -> batch. SFT's is ``collate_rows``; DPO's puts each pair's two sequences in it.
+Collate = Callable[[Sequence[Any], int, "int | None"], Batch]
+
+
 class BatchSampler:
     """Micro-batch ``i`` of an endless, per-epoch reshuffled pass over one rank's examples.
 
     Random access by index (not an iterator) so that a resumed run at step ``s`` continues
-    with exactly the batch the interrupted run would have used next.
+    with exactly the batch the interrupted run would have used next. An example is whatever
+    the method's ``collate`` takes (SFT: an ``Example``; DPO: a pair of them).
     """
 
     def __init__(
         self,
-        examples: Sequence[Example],
+        examples: Sequence[Any],
         batch_size: int,
         pad_id: int,
         seed: int,
         pack_to: int | None = None,
+        collate: Collate = collate_rows,
     ):
         if not examples:
             raise DatasetError("this worker's shard of the training set is empty")
@@ -291,6 +246,7 @@ class BatchSampler:
         self.pad_id = pad_id
         self.seed = seed
         self.pack_to = pack_to  # row capacity when packing, None to pad
+        self.collate = collate
         self.per_epoch = max(1, len(self.examples) // batch_size)
         self._orders: dict[int, list[int]] = {}
 
@@ -306,10 +262,7 @@ class BatchSampler:
         order = self._order(epoch)
         # Shards smaller than a batch wrap around rather than giving a short batch.
         picks = [order[(pos * self.batch_size + k) % len(order)] for k in range(self.batch_size)]
-        chosen = [self.examples[i] for i in picks]
-        if self.pack_to is not None:
-            return collate_packed(chosen, self.pad_id, self.pack_to)
-        return collate(chosen, self.pad_id)
+        return self.collate([self.examples[i] for i in picks], self.pad_id, self.pack_to)
 
 
 class StepBatches:
@@ -336,7 +289,11 @@ class StepBatches:
         return [self.sampler.batch(index + m).to(self.device) for m in range(self.per_step)]
 
 
-def eval_batches(examples: Sequence[Example], batch_size: int, pad_id: int) -> list[Batch]:
+def eval_batches(
+    examples: Sequence[Any], batch_size: int, pad_id: int, collate: Collate = collate_rows
+) -> list[Batch]:
+    """Padded batches (evaluation runs the model as it is, with no packing)."""
     return [
-        collate(examples[i : i + batch_size], pad_id) for i in range(0, len(examples), batch_size)
+        collate(examples[i : i + batch_size], pad_id, None)
+        for i in range(0, len(examples), batch_size)
     ]

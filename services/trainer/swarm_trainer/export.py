@@ -16,13 +16,12 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from swarm_contracts.layout import EXPORT_MANIFEST, export_prefix, join_key
 from swarm_contracts.registry import (
-    AdapterVersion,
     ExportAdapter,
     ExportResult,
     GetAdapter,
     GetModel,
-    ModelVersion,
 )
+from swarm_contracts.registry_api import GET_ADAPTER, GET_MODEL
 from swarm_runtime.rpc import Refused, ServiceClient
 from swarm_runtime.store import ObjectStore
 
@@ -58,15 +57,13 @@ async def export_registered(
 
     The registry's refusals (an unknown adapter: ``not_found``) reach the caller unchanged."""
     adapter = await registry.call(
-        "adapters.get",
+        GET_ADAPTER,
         GetAdapter(name=request.name, version=request.version, tenant=request.tenant),
-        AdapterVersion,
     )
     lineage = adapter.lineage
     model = await registry.call(
-        "models.get",
+        GET_MODEL,
         GetModel(name=lineage.base_model, version=lineage.base_model_version),
-        ModelVersion,
     )
     # Never merge bytes that are not the ones registered.
     stored = await asyncio.to_thread(store.file_digests, adapter.store_key)

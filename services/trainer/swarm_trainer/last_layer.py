@@ -1,7 +1,7 @@
 """The last decoder layer's feed-forward half only at the positions that get a logit.
 
 In a one-row batch the output layer already runs only where the next token is a target
-(``step.causal_lm_loss``). The last decoder layer's attention needs every position (its keys
+(``methods.sft.target_logits``). The last decoder layer's attention needs every position (its keys
 and values), but what follows it in that layer (the residual, the post-attention norm and the
 MLP, about two thirds of a Llama layer's weights) matters only at those positions: at a prompt
 token it computes a hidden state nothing reads. So there it runs on the kept rows only, and the

@@ -20,7 +20,6 @@ from swarm_trainer.reports import CheckpointReported, Progress, Report
 log = logging.getLogger("swarm.trainer")
 
 STEP_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
-TERMINAL = ("succeeded", "failed", "cancelled")
 
 
 def _nvml() -> Any | None:
@@ -134,7 +133,7 @@ class TrainerMetrics:
                 self.checkpoints.inc()
 
     def event(self, event: JobEvent) -> None:
-        if event.event in TERMINAL:
+        if event.meaning.terminal:
             self.jobs.labels(outcome=event.event).inc()
             self._throughput.pop(event.job_id, None)
 

@@ -5,7 +5,8 @@
 position), ``train`` (steps with gradient accumulation and clipping; ``validate`` keeps the
 best adapter; ``save_checkpoint`` through ``ray.train.report``), and ``finish``: rank 0 saves
 the best adapter and the run's metrics to the run's output prefix. The step itself is in
-``step``; rank 0's reports to the agent are ``reports``.
+``step``; what the job's training method (SFT, DPO) makes of its data, its loss and its
+measures is in ``methods``; rank 0's reports to the agent are ``reports``.
 """
 
 from __future__ import annotations
@@ -42,10 +43,10 @@ from swarm_trainer.data import (
     read_jsonl,
     shard,
     split_holdout,
-    tokenize,
 )
 from swarm_trainer.hooks import LoopHooks
 from swarm_trainer.loop_config import LoopConfig
+from swarm_trainer.methods import Method, for_job
 from swarm_trainer.model import build_model
 from swarm_trainer.parent_adapter import starting_adapter
 from swarm_trainer.replay import replay_report
@@ -89,6 +90,7 @@ class Recipe:
     sharding: Sharding  # resources.strategy: how the model is spread over the ranks
     model: torch.nn.Module  # what the step runs: the PEFT model, DDP-wrapped or FSDP-sharded
     peft_model: PeftModel  # the same model unwrapped: what is saved and evaluated
+    method: Method  # spec.method: the data format, batch, loss and measures (SFT, DPO)
     batches: StepBatches  # this rank's training micro-batches, by data index
     val_batches: list[Batch]
     eval_forwards: int  # evaluation runs at least this many forwards (ranks in lockstep)
@@ -178,9 +180,12 @@ def setup(config: LoopConfig, work: Path, held: contextlib.ExitStack) -> Recipe:
     parent_dir = starting_adapter(store, job, work / "parent")
     sharding = for_strategy(job.spec.resources.strategy)
     model = sharding.wrap(build_model(model_dir, job.spec.lora, t, parent_dir, compute, device))
+    # DPO's reference is the model without its adapter, or with the parent's weights as loaded.
+    method = for_job(job.spec.method, sharding.unwrap(model), from_parent=parent_dir is not None)
 
     sampler, val_batches, rows = load_data(
         job,
+        method,
         tokenizer,
         datasets["dataset"].path / fetch.DATASET_FILE,
         datasets["validation"].path / fetch.DATASET_FILE if "validation" in datasets else None,
@@ -202,6 +207,7 @@ def setup(config: LoopConfig, work: Path, held: contextlib.ExitStack) -> Recipe:
         sharding=sharding,
         model=model,
         peft_model=sharding.unwrap(model),
+        method=method,
         batches=StepBatches(sampler, t.grad_accum, device),
         val_batches=val_batches,
         eval_forwards=eval_forwards,
@@ -220,6 +226,7 @@ def setup(config: LoopConfig, work: Path, held: contextlib.ExitStack) -> Recipe:
 
 def load_data(
     job: Assignment,
+    method: Method,
     tokenizer: Tokenizer,
     train_file: Path,
     val_file: Path | None,
@@ -230,7 +237,7 @@ def load_data(
 ) -> tuple[BatchSampler, list[Batch], list[EvalRow]]:
     """(this rank's training batches, its validation batches, the task evals' rows). The
     held-out splits are made before sharding, so every rank agrees on what is held out; then
-    each rank takes a disjoint share of the training examples.
+    each rank takes a disjoint share of the training examples, which the method encodes.
 
     The task evals' rows are their own dataset, or ``evals.fraction`` of the training set
     (held out first), or else the validation set. Without a validation set of its own, the
@@ -250,20 +257,23 @@ def load_data(
         records, val_records = split_holdout(records, t.val_fraction, t.seed)
     if evals is not None and not eval_records:
         eval_records = val_records
-    if not val_records:
+    if not val_records and method.name == "sft":
         val_records = eval_records
     rows = eval_rows(eval_records, evals.max_examples) if evals is not None else []
     mine = shard(range(len(records)), rank, world)
-    train_examples = tokenize([records[i] for i in mine], tokenizer, t.seq_len, mine)
+    train_examples = method.encode([records[i] for i in mine], tokenizer, t.seq_len, mine)
     val_examples = (
-        tokenize(shard(val_records, rank, world), tokenizer, t.seq_len)
+        method.encode(shard(val_records, rank, world), tokenizer, t.seq_len)
         if len(val_records) >= world
         else []
     )
     pad_id = pad_token_id(tokenizer)
-    pack_to = compute.packed_row(t.seq_len, t.batch_size) if t.packing else None
-    sampler = BatchSampler(train_examples, t.batch_size, pad_id, t.seed + rank, pack_to)
-    return sampler, eval_batches(val_examples, t.batch_size, pad_id), rows
+    # A packed micro-batch holds every sequence of its examples (DPO: two per example).
+    pack_to = compute.packed_row(t.seq_len, t.batch_size * method.sequences) if t.packing else None
+    sampler = BatchSampler(
+        train_examples, t.batch_size, pad_id, t.seed + rank, pack_to, method.collate
+    )
+    return sampler, eval_batches(val_examples, t.batch_size, pad_id, method.collate), rows
 
 
 def pad_token_id(tokenizer: Tokenizer) -> int:
@@ -351,11 +361,13 @@ def step(recipe: Recipe, state: TrainState) -> dict[str, float]:
         recipe.device,
         recipe.bf16,
         select_logits=not recipe.compute.liger,
+        method=recipe.method,
     )
     # The step is queued on the GPU; the host collates and sends the next one meanwhile,
     # then reads the loss (the step's one wait for the GPU).
     recipe.batches.prefetch(state.data_index + t.grad_accum)
     state.stepped(out.loss, t.grad_accum)
+    measures = recipe.method.step_metrics(out.stats, out.total) if out.stats is not None else {}
     recipe.hooks.after_step(recipe, out)
     took = time.monotonic() - started
     recipe.reporter.send(
@@ -367,6 +379,7 @@ def step(recipe: Recipe, state: TrainState) -> dict[str, float]:
             tokens_per_s=out.tokens * recipe.world / max(took, 1e-9),
             elapsed_s=time.monotonic() - recipe.train_started,
             step_s=took,
+            metrics=measures,
         )
     )
     return {"step": state.step, "loss": out.loss}
@@ -380,9 +393,15 @@ def validate(recipe: Recipe, state: TrainState) -> dict[str, float]:
     Every rank generates on all the eval rows, the same greedy work on the same weights (a
     sharded model's forward is a collective), so all ranks agree on which step is best."""
     started = time.monotonic()
-    eval_loss, perplexity = evaluate(
-        recipe.peft_model, recipe.val_batches, recipe.device, recipe.bf16, recipe.eval_forwards
+    evaluated = evaluate(
+        recipe.peft_model,
+        recipe.val_batches,
+        recipe.device,
+        recipe.bf16,
+        recipe.eval_forwards,
+        recipe.method,
     )
+    eval_loss, perplexity = evaluated.loss, evaluated.perplexity
     task = None
     if recipe.evals is not None and recipe.eval_rows:
         task = run_evals(
@@ -412,6 +431,7 @@ def validate(recipe: Recipe, state: TrainState) -> dict[str, float]:
             perplexity=perplexity,
             eval_s=took,
             evals=task.model_dump_json() if task else None,
+            metrics=evaluated.metrics,
         )
     )
     return {"eval_loss": eval_loss, "perplexity": perplexity, **evaluation.task}

@@ -42,6 +42,9 @@ class Progress(_Report):
     tokens_per_s: float  # summed over ranks
     elapsed_s: float  # since training (this Ray run's) started
     step_s: float
+    # The training method's measures of the step (DPO: rewards, ``PreferenceMetrics``'s
+    # fields; SFT: none).
+    metrics: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,6 +55,7 @@ class Validated(_Report):
     eval_s: float
     # The task evals' ``EvalResult`` as JSON (the reports stay standard library only).
     evals: str | None = None
+    metrics: dict[str, float] = field(default_factory=dict)  # as ``Progress.metrics``
 
 
 @dataclass(frozen=True, kw_only=True)

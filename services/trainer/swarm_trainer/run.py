@@ -23,7 +23,6 @@ from swarm_contracts.layout import (
 )
 from swarm_contracts.verification import ReplayReport
 from swarm_contracts.workers import Assignment
-from swarm_runtime.settings import Settings
 from swarm_runtime.store import NotFound, ObjectStore
 from swarm_trainer.abort import RegisterController
 from swarm_trainer.cache import CacheSettings
@@ -38,6 +37,7 @@ from swarm_trainer.hooks import LoopHooks
 from swarm_trainer.loop_config import LoopConfig, StoreConnection
 from swarm_trainer.parent_adapter import missing_fork_files, missing_parent_files
 from swarm_trainer.recipe import train_loop
+from swarm_trainer.settings import TrainerSettings
 from swarm_trainer.train_state import TrainMetrics
 
 __all__ = [
@@ -147,7 +147,7 @@ def starting_point(job: Assignment, store: ObjectStore) -> ResumePoint | None:
 
 def run_job(
     job: Assignment,
-    settings: Settings,
+    settings: TrainerSettings,
     store: ObjectStore,
     progress: Queue | None = None,
     control: Any = None,

@@ -38,6 +38,7 @@ from pydantic import BaseModel, ConfigDict, SecretStr
 from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
 from swarm_contracts.layout import validate_key
+from swarm_contracts.registry_api import STORE_ACCESS
 from swarm_contracts.store_access import StoreAccess, StoreGrant, StoreOp
 from swarm_contracts.subjects import Subjects
 from swarm_contracts.workers import Assignment
@@ -169,7 +170,7 @@ class _Signer:
             lambda action: subjects.worker_registry(action, worker_id),
             timeout=REQUEST_TIMEOUT_S,
         )
-        return await registry.call("store.access", request, StoreGrant)
+        return await registry.call(STORE_ACCESS, request)
 
     def ask(self, request: StoreAccess, worker_id: str) -> StoreGrant:
         future = asyncio.run_coroutine_threadsafe(self._ask(request, worker_id), self.loop)

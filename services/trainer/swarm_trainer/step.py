@@ -12,11 +12,13 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from peft import PeftModel
 
-from swarm_trainer import last_layer
 from swarm_trainer.data import Batch
+from swarm_trainer.methods.method import Evaluated, Method
+from swarm_trainer.methods.sft import Sft
+
+SFT = Sft()
 
 
 def lr_lambda(warmup_steps: int, max_steps: int, floor: float = 0.1) -> Callable[[int], float]:
@@ -62,11 +64,16 @@ def all_reduce_max(value: float, device: torch.device) -> float:
 
 @dataclass
 class StepResult:
-    # Mean over every target token of the step (all micro-batches), still on the device:
-    # reading it (``loss``) waits for the step to finish.
+    # Mean over the step's targets (all micro-batches; what the method averages over: SFT's
+    # target tokens, DPO's pairs), still on the device: reading it (``loss``) waits for the
+    # step to finish.
     device_loss: torch.Tensor
     tokens: int = 0  # real (non-pad) tokens this rank processed
     sources: list[int] = field(default_factory=list)  # which examples it trained on
+    # The method's measures (``Method.loss``'s stats) summed over the micro-batches, on the
+    # device, and what they are a mean over.
+    stats: torch.Tensor | None = None
+    total: int = 0
 
     @property
     def loss(self) -> float:
@@ -82,27 +89,30 @@ def train_step(
     device: torch.device,
     bf16: bool = False,
     select_logits: bool = True,
+    method: Method = SFT,
 ) -> StepResult:
     """Forward/backward every micro-batch, then clip, step and advance the schedule.
 
-    The loss is the mean over every target token of the step, not a mean of micro-batch
-    means: then accumulating k micro-batches is the same step as one batch k times larger,
-    whatever the completions' lengths (chat and prompt/completion data vary a lot).
+    The loss is the method's mean over the whole step (SFT: every target token of it), not a
+    mean of micro-batch means: then accumulating k micro-batches is the same step as one
+    batch k times larger, whatever the completions' lengths (chat and prompt/completion data
+    vary a lot).
 
     Nothing here waits for a GPU: the micro-batches' losses add up on the device, the
     target count is the collator's, clipping and the fused optimizer stay on the device. So
     the host can prepare the next batch while the GPU works, before it reads ``loss``.
     """
     result = StepResult(device_loss=torch.zeros((), device=device))
-    targets = sum(batch.targets for batch in batches)
+    result.total = method.step_total(batches)
     for micro, batch in enumerate(batches):
         # Gradients are only exchanged on the last micro-batch of a step.
         last = micro == len(batches) - 1
         sync = nullcontext() if last or not hasattr(model, "no_sync") else model.no_sync()
         with sync, autocast(bf16):
-            loss = causal_lm_loss(model, batch.to(device), targets, select_logits)
+            loss, stats = method.loss(model, batch.to(device), result.total, select_logits)
             loss.backward()
         result.device_loss += loss.detach()
+        result.stats = stats if result.stats is None else result.stats + stats
         result.tokens += batch.tokens
         result.sources += batch.sources
     torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
@@ -112,57 +122,30 @@ def train_step(
     return result
 
 
-def causal_lm_loss(
-    model: torch.nn.Module, batch: Batch, targets: int, select_logits: bool = True
-) -> torch.Tensor:
-    """Sum of the batch's token losses over ``targets`` (the step's target count).
-
-    In a one-row batch (``predicting`` set) the output layer runs only at positions whose next
-    token is a target: prompt tokens need no logits, and with a 128k vocabulary the logits are
-    a fifth of a 1B model's FLOPs and most of its activation memory. ``select_logits`` False
-    leaves that to the model (Liger's fused linear + cross-entropy never makes the logits).
-    Where ``last_layer`` is installed the last decoder layer's MLP, too, runs only there.
-    """
-    inputs = batch.model_inputs()
-    # No KV cache in training; with one, transformers ignores packed position_ids.
-    if batch.predicting is None or not select_logits:
-        # num_items_in_batch makes the model's loss sum(token losses) / targets of the step.
-        loss: torch.Tensor = model(**inputs, use_cache=False, num_items_in_batch=targets).loss
-        return loss
-    labels = inputs.pop("labels")
-    layer = last_layer.installed(model)
-    if layer is None:
-        logits = model(**inputs, use_cache=False, logits_to_keep=batch.predicting).logits
-    else:
-        # The last layer's output already holds only those positions, so every one is kept.
-        with last_layer.keeping(layer, batch.predicting):
-            logits = model(**inputs, use_cache=False, logits_to_keep=0).logits
-    wanted = labels[0, batch.predicting + 1]
-    return F.cross_entropy(logits[0].float(), wanted, reduction="sum") / targets
-
-
 @torch.no_grad()
 def evaluate(
-    model: PeftModel, batches: list[Batch], device: torch.device, bf16: bool, forwards: int = 0
-) -> tuple[float, float]:
-    """(eval loss, perplexity) averaged over target tokens of every rank's shard.
+    model: PeftModel,
+    batches: list[Batch],
+    device: torch.device,
+    bf16: bool,
+    forwards: int = 0,
+    method: Method = SFT,
+) -> Evaluated:
+    """The method's figures (SFT: eval loss and perplexity, averaged over target tokens) over
+    every rank's shard.
 
     At least ``forwards`` forward passes: a sharded model's forward is a collective, so a rank
     with fewer batches runs its first again, uncounted, until the others are done."""
     model.eval()
-    total = torch.zeros((), dtype=torch.float64, device=device)
-    targets = 0
+    # Every rank sums, whether it has batches or not: the all-reduce below takes all ranks.
+    sums = torch.zeros(method.eval_sums, dtype=torch.float64, device=device)
     padding = batches[:1] * max(0, forwards - len(batches))
     for batch in padding:
         with autocast(bf16):
-            model(**batch.to(device).model_inputs(), use_cache=False)
+            method.eval_stats(model, batch.to(device))
     for batch in batches:
         with autocast(bf16):
-            out = model(**batch.to(device).model_inputs(), use_cache=False)
-        # HF averages over shifted target tokens; weigh by their count to average over all.
-        total += out.loss.detach().double() * batch.targets
-        targets += batch.targets
+            stats = method.eval_stats(model, batch.to(device))
+        sums += stats
     model.train()
-    loss_sum, tokens = all_reduce_sum([float(total), float(targets)], device)
-    loss = loss_sum / max(tokens, 1.0)
-    return loss, math.exp(min(loss, 50.0))
+    return method.evaluated(all_reduce_sum(sums.tolist(), device))

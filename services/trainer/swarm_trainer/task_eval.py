@@ -1,7 +1,7 @@
 """Task evals: generate from the adapter on held-out prompts, greedily and in batches, and grade
 what it wrote (``graders``).
 
-The prompt is exactly what training conditioned on (``data.encode_example``: BOS, then the
+The prompt is exactly what training conditioned on (``methods.sft.encode_example``: BOS, then the
 prompt, or the chat turns before the last assistant one and its ``assistant: `` header), so
 the adapter is asked as it was taught. Generation is transformers' ``generate`` with greedy
 decoding over left-padded rows: one well-kept implementation with a KV cache, rather than a
@@ -32,10 +32,12 @@ class EvalRow:
 
 
 def eval_row(record: dict[str, Any]) -> EvalRow | None:
-    """The (prompt, expected answer) of a prompt/completion or chat record; None for plain
-    text, which has no answer to grade."""
+    """The (prompt, expected answer) of a prompt/completion or chat record, or of a preference
+    pair (its chosen answer); None for plain text, which has no answer to grade."""
     if "prompt" in record and "completion" in record:
         return EvalRow(str(record["prompt"]), str(record["completion"]))
+    if "chosen" in record or "preferred_output" in record:
+        return preference_row(record)
     messages = record.get("messages")
     if isinstance(messages, list) and messages:
         last = messages[-1]
@@ -46,6 +48,23 @@ def eval_row(record: dict[str, Any]) -> EvalRow | None:
         )
         return EvalRow(context + "assistant: ", str(last.get("content", "")))
     return None
+
+
+def preference_row(record: dict[str, Any]) -> EvalRow | None:
+    """A DPO record graded on its chosen answer: ``{"prompt", "chosen"}`` as strings, or the
+    chat and OpenAI forms, whose chosen answer is an assistant turn."""
+    prompt = record.get("prompt")
+    chosen = record.get("chosen")
+    if isinstance(prompt, str) and isinstance(chosen, str):
+        return EvalRow(prompt, chosen)
+    source = record.get("input")
+    if isinstance(source, dict):
+        prompt, chosen = source.get("messages"), record.get("preferred_output")
+    if isinstance(chosen, str):
+        chosen = [{"role": "assistant", "content": chosen}]
+    if not isinstance(prompt, list) or not isinstance(chosen, list) or not chosen:
+        return None
+    return eval_row({"messages": [*prompt, chosen[-1]]})
 
 
 def eval_rows(records: Sequence[dict[str, Any]], limit: int) -> list[EvalRow]:

@@ -21,7 +21,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 VOCAB_SIZE = 512
 SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<unk>"]
-# The trainer's own chat format (``swarm_trainer.data`` trains {"messages"} examples as
+# The trainer's own chat format (``swarm_trainer.methods.sft`` trains {"messages"} examples as
 # "role: content" lines), so that serving a chat prompts a tuned model as it was trained.
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
@@ -146,7 +146,8 @@ def create_pretrained_model(
     """Pretrain a small Llama on ``synthetic.corpus`` with the trainer's own data pipeline,
     step and schedule (full weights, no adapter), and save it with its tokenizer."""
     # Imported here: the random model needs none of the training code.
-    from swarm_trainer.data import BatchSampler, tokenize
+    from swarm_trainer.data import BatchSampler
+    from swarm_trainer.methods.sft import tokenize
     from swarm_trainer.rng import seed_everything
     from swarm_trainer.step import lr_lambda, make_optimizer, train_step
     from swarm_trainer.synthetic import corpus

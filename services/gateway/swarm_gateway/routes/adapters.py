@@ -18,6 +18,7 @@ from swarm_contracts.jobs import MODEL_REF_PATTERN, NAME_PATTERN
 from swarm_contracts.layout import EXPORT_MANIFEST, export_prefix, join_key
 from swarm_contracts.names import METRIC_PATTERN
 from swarm_contracts.registry import (
+    EXPORT_ADAPTER,
     AdapterKey,
     AdapterVersion,
     AliasTarget,
@@ -28,6 +29,15 @@ from swarm_contracts.registry import (
     ListAdapters,
     PromotionRule,
     SetAlias,
+)
+from swarm_contracts.registry_api import (
+    ADAPTER_LINEAGE,
+    DELETE_ADAPTER,
+    GET_ADAPTER,
+    LIST_ADAPTERS,
+    SET_ALIAS,
+    SET_RULE,
+    UNQUARANTINE_ADAPTER,
 )
 from swarm_gateway.auth import Admin, Tenant
 from swarm_gateway.state import Gateway, get_gateway
@@ -66,7 +76,7 @@ async def list_adapters(
     base_model: Annotated[str | None, Query(pattern=MODEL_REF_PATTERN)] = None,
 ) -> AdapterList:
     request = ListAdapters(name=name, tenant=tenant, base_model=base_model)
-    adapters = await gw.registry.call("adapters.list", request, list[AdapterVersion])
+    adapters = await gw.registry.call(LIST_ADAPTERS, request)
     return AdapterList(data=[a for a in adapters if a.tenant == tenant])
 
 
@@ -76,7 +86,7 @@ async def _get(
     """The version (the latest: the newest not quarantined); a quarantined one only to be
     ``shown`` (its ``quarantine`` says why), never downloaded (409)."""
     request = GetAdapter(name=name, version=version, tenant=tenant, include_quarantined=shown)
-    return await gw.registry.call("adapters.get", request, AdapterVersion)
+    return await gw.registry.call(GET_ADAPTER, request)
 
 
 @router.get("/{name}", response_model=AdapterVersion)
@@ -106,7 +116,7 @@ async def unquarantine(
     """Admins only: release a version from the quarantine a failed verification put it in (of
     ``tenant``, default the admin's own): it may be served, aliased and be the latest again."""
     request = AdapterKey(name=name, version=version, tenant=tenant or admin.tenant)
-    return await gw.registry.call("adapters.unquarantine", request, AdapterVersion)
+    return await gw.registry.call(UNQUARANTINE_ADAPTER, request)
 
 
 @router.delete("/{name}/versions/{version}", response_model=AdapterVersion)
@@ -115,7 +125,7 @@ async def delete_adapter_version(
 ) -> AdapterVersion:
     """Delete a version's record and files; 409 while an alias points at it."""
     request = AdapterKey(name=name, version=version, tenant=tenant)
-    return await gw.registry.call("adapters.delete", request, AdapterVersion)
+    return await gw.registry.call(DELETE_ADAPTER, request)
 
 
 @router.get("/{name}/versions/{version}/lineage", response_model=LineageGraph)
@@ -123,13 +133,13 @@ async def get_lineage(
     name: AdapterName, version: VersionNumber, gw: GW, tenant: Tenant
 ) -> LineageGraph:
     request = AdapterKey(name=name, version=version, tenant=tenant)
-    return await gw.registry.call("adapters.lineage", request, LineageGraph)
+    return await gw.registry.call(ADAPTER_LINEAGE, request)
 
 
 @router.get("/{name}/aliases/{alias}", response_model=AdapterVersion)
 async def get_alias(name: AdapterName, alias: AliasName, gw: GW, tenant: Tenant) -> AdapterVersion:
     request = GetAdapter(name=name, alias=alias, tenant=tenant)
-    return await gw.registry.call("adapters.get", request, AdapterVersion)
+    return await gw.registry.call(GET_ADAPTER, request)
 
 
 @router.put("/{name}/aliases/{alias}", response_model=AliasTarget)
@@ -138,7 +148,7 @@ async def set_alias(
 ) -> AliasTarget:
     """Point (or move) an alias at one of the caller's versions, atomically."""
     request = SetAlias(name=name, alias=alias, version=body.version, tenant=tenant)
-    return await gw.registry.call("adapters.alias.set", request, AliasTarget)
+    return await gw.registry.call(SET_ALIAS, request)
 
 
 @router.put("/{name}/rules/{alias}", response_model=PromotionRule)
@@ -155,7 +165,7 @@ async def set_rule(
         tenant=tenant,
         threshold=body.threshold,
     )
-    return await gw.registry.call("adapters.rule.set", rule, PromotionRule)
+    return await gw.registry.call(SET_RULE, rule)
 
 
 @router.get(
@@ -191,7 +201,7 @@ async def export_adapter(
     Done by any trainer agent (they have torch); 503 when none is running.
     """
     request = ExportAdapter(name=name, version=version, tenant=tenant)
-    return await gw.trainer.call("export", request, ExportResult, wait_s=EXPORT_TIMEOUT_S)
+    return await gw.trainer.call(EXPORT_ADAPTER, request, wait_s=EXPORT_TIMEOUT_S)
 
 
 @router.get(

@@ -26,6 +26,7 @@ from swarm_contracts.layout import join_key
 from swarm_contracts.names import check_label, label_from_filename
 from swarm_contracts.refs import Ref
 from swarm_contracts.registry import GetModel, ModelVersion
+from swarm_contracts.registry_api import GET_MODEL
 from swarm_gateway.auth import Tenant
 from swarm_gateway.dataset_stats import (
     DatasetStats,
@@ -162,7 +163,7 @@ async def dataset_stats(
     if model:
         ref = Ref.parse_versioned(model)  # the query pattern admits only name[@version]
         request = GetModel(name=ref.name, version=ref.version)
-        version = await gw.registry.call("models.get", request, ModelVersion)
+        version = await gw.registry.call(GET_MODEL, request)
         tokenizer = await _tokenizer_for(gw, version)
     with tempfile.TemporaryDirectory(prefix="swarm-stats-") as tmp:
         path = Path(tmp) / "data.jsonl"

@@ -17,11 +17,13 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Depends, Header, Query, Request
 from pydantic import BaseModel
 
+from swarm_contracts.datasets import method_takes
 from swarm_contracts.envelope import envelope
 from swarm_contracts.events import CancelRequest, PauseRequest, ResumeRequest
 from swarm_contracts.jobs import JobRecord, job_id_for, unpausable, unresumable
 from swarm_contracts.refs import Ref
-from swarm_contracts.registry import AdapterVersion, GetAdapter, GetModel, ModelVersion
+from swarm_contracts.registry import GetAdapter, GetModel
+from swarm_contracts.registry_api import GET_ADAPTER, GET_MODEL
 from swarm_gateway.auth import Caller, Principal, Tenant
 from swarm_gateway.fine_tune_records import FineTune, ftjob_id, job_id
 from swarm_gateway.fine_tuning_events import (
@@ -37,7 +39,8 @@ from swarm_gateway.fine_tuning_spec import (
     FineTuningJobCreate,
     build_spec,
     check_metadata,
-    requested_hyperparameters,
+    requested_method,
+    resolve_beta,
     resolve_hyperparameters,
 )
 from swarm_gateway.fine_tuning_view import FineTuningJob, view
@@ -147,14 +150,14 @@ async def _base_model(gw: Gateway, model: str, tenant: str) -> tuple[str, str | 
     try:
         if ref.alias is None:
             request = GetModel(name=ref.name, version=ref.version)
-            base = await gw.registry.call("models.get", request, ModelVersion)
+            base = await gw.registry.call(GET_MODEL, request)
             return f"{base.name}@{base.version}", None
     except Refused as exc:
         if exc.code != "not_found":
             raise
     try:
         get = GetAdapter(name=model, tenant=tenant)
-        adapter = await gw.registry.call("adapters.get", get, AdapterVersion)
+        adapter = await gw.registry.call(GET_ADAPTER, get)
     except Refused as exc:
         if exc.code in ("not_found", "invalid"):
             raise unknown from exc
@@ -166,7 +169,8 @@ async def _base_model(gw: Gateway, model: str, tenant: str) -> tuple[str, str | 
     )
 
 
-async def _file(gw: Gateway, tenant: str, file: str, param: str) -> Any:
+async def _file(gw: Gateway, tenant: str, file: str, param: str, method: str) -> Any:
+    """The tenant's dataset behind ``file``, in a format the method trains on."""
     info = await own_dataset(gw, tenant, file)
     if info is None:
         raise OpenAIError(
@@ -174,6 +178,20 @@ async def _file(gw: Gateway, tenant: str, file: str, param: str) -> Any:
             f"{param} {file!r}: no such file; upload it with POST /v1/files (purpose='fine-tune')",
             param=param,
             code="invalid_file",
+        )
+    if not method_takes("dpo" if method == "dpo" else "sft", info.format):
+        need = (
+            "a dpo job needs preference pairs, one per line: "
+            '{"input": {"messages": [...]}, "preferred_output": [...], '
+            '"non_preferred_output": [...]} (or {"prompt", "chosen", "rejected"})'
+            if method == "dpo"
+            else "preference pairs train with method {'type': 'dpo'}"
+        )
+        raise OpenAIError(
+            400,
+            f"{param} {file!r} holds {info.format} examples: {need}",
+            param=param,
+            code=f"invalid_{param}",
         )
     return info
 
@@ -185,17 +203,18 @@ async def create_job(
     tenant: Tenant,
     idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
 ) -> FineTuningJob:
-    """A supervised fine-tuning job: a Swarm job training a LoRA adapter of ``model`` on the
-    training file. The same ``Idempotency-Key`` gives the same job."""
+    """A supervised or DPO fine-tuning job: a Swarm job training a LoRA adapter of ``model``
+    on the training file. The same ``Idempotency-Key`` gives the same job."""
     check_metadata(body.metadata)
-    raw, where = requested_hyperparameters(body)
-    train = await _file(gw, tenant, body.training_file, "training_file")
+    method, raw, where = requested_method(body)
+    train = await _file(gw, tenant, body.training_file, "training_file", method)
     validation = (
-        await _file(gw, tenant, body.validation_file, "validation_file")
+        await _file(gw, tenant, body.validation_file, "validation_file", method)
         if body.validation_file
         else None
     )
-    hyper = resolve_hyperparameters(raw, where, train.examples)
+    hyper = resolve_hyperparameters(raw, where, train.examples, method)
+    beta = resolve_beta(raw, where) if method == "dpo" else None
     base_model, parent = await _base_model(gw, body.model, tenant)
     job = job_id_for(tenant, idempotency_key or uuid.uuid4().hex)
     spec, hyper, _ = build_spec(
@@ -207,6 +226,7 @@ async def create_job(
         validation=validation.id if validation else None,
         examples=train.examples,
         hyper=hyper,
+        beta=beta,
     )
     extras = FineTune(
         job_id=job,

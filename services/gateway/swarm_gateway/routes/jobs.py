@@ -25,9 +25,10 @@ from swarm_contracts.jobs import (
 )
 from swarm_contracts.memory import MemoryEstimate
 from swarm_contracts.memory_estimate import estimate_memory
-from swarm_contracts.metrics import GetJobMetrics, JobMetrics
+from swarm_contracts.metrics import GET_JOB_METRICS, GetJobMetrics, JobMetrics
 from swarm_contracts.refs import Ref
-from swarm_contracts.registry import GetModel, ModelVersion, continued_spec, forked_spec
+from swarm_contracts.registry import GetModel, continued_spec, forked_spec
+from swarm_contracts.registry_api import GET_MODEL
 from swarm_contracts.verification import VerifyRequest
 from swarm_gateway.auth import Caller, Principal, Tenant
 from swarm_gateway.errors import field_error
@@ -101,9 +102,7 @@ async def estimate_job(spec: JobSpec, gw: GW, tenant: Tenant) -> MemoryEstimate:
         spec = forked_spec(spec, fork.lora)
         ref = Ref(name=fork.base_model.name, version=fork.base_model.version)
     try:
-        model = await gw.registry.call(
-            "models.get", GetModel(name=ref.name, version=ref.version), ModelVersion
-        )
+        model = await gw.registry.call(GET_MODEL, GetModel(name=ref.name, version=ref.version))
     except Refused as exc:
         if exc.code != "not_found":
             raise
@@ -288,7 +287,7 @@ async def job_metrics(
 ) -> JobMetrics:
     await _own_job(gw, caller, job_id)
     request = GetJobMetrics(job_id=job_id, max_points=max_points)
-    return await gw.telemetry.call("metrics.get", request, JobMetrics)
+    return await gw.telemetry.call(GET_JOB_METRICS, request)
 
 
 @router.get(

@@ -37,6 +37,13 @@ from swarm_contracts.registry import (
     ModelVersion,
     RegisterModel,
 )
+from swarm_contracts.registry_api import (
+    GET_ADAPTER,
+    GET_MODEL,
+    LIST_ADAPTERS,
+    LIST_MODELS,
+    REGISTER_MODEL,
+)
 from swarm_gateway.auth import Admin, Tenant
 from swarm_gateway.errors import field_error
 from swarm_gateway.openai_errors import model_not_found
@@ -148,7 +155,7 @@ async def add_model(
                 await asyncio.to_thread(gw.store.put_file, key, FsPath(tmp) / file_name)
 
     register = RegisterModel(name=name, store_key=prefix, hf_id=hf_id)
-    return await gw.registry.call("models.register", register, ModelVersion)
+    return await gw.registry.call(REGISTER_MODEL, register)
 
 
 def _ids(records: list[tuple[str, int]]) -> dict[tuple[str, int], str]:
@@ -212,13 +219,13 @@ async def list_models(
     held = _held(gw)
     entries: list[BaseModelEntry | AdapterEntry] = []
     if kind in (None, "base_model"):
-        models = await gw.registry.call("models.list", ListModels(), list[ModelVersion])
+        models = await gw.registry.call(LIST_MODELS, ListModels())
         ids = _ids([(m.name, m.version) for m in models])
         for m in sorted(models, key=lambda m: (m.name, -m.version)):
             entries.append(_base_entry(m, ids[(m.name, m.version)], held))
     if kind in (None, "adapter"):
         request = ListAdapters(tenant=tenant)
-        adapters = await gw.registry.call("adapters.list", request, list[AdapterVersion])
+        adapters = await gw.registry.call(LIST_ADAPTERS, request)
         adapters = [a for a in adapters if a.tenant == tenant]
         ids = _ids([(a.name, a.version) for a in adapters])
         for a in sorted(adapters, key=lambda a: (a.name, -a.version)):
@@ -246,7 +253,7 @@ async def get_model(
     if ref.alias is None:
         try:
             request = GetModel(name=ref.name, version=version or ref.version)
-            model = await gw.registry.call("models.get", request, ModelVersion)
+            model = await gw.registry.call(GET_MODEL, request)
             return _base_entry(model, model_id, held)
         except Refused as exc:
             if exc.code != "not_found":
@@ -255,7 +262,7 @@ async def get_model(
         model_id = f"{ref.name}@{version}"
     try:
         get = GetAdapter(name=model_id, tenant=tenant)
-        adapter = await gw.registry.call("adapters.get", get, AdapterVersion)
+        adapter = await gw.registry.call(GET_ADAPTER, get)
     except Refused as exc:
         if exc.code in ("not_found", "invalid"):
             raise model_not_found(model_id) from exc
@@ -280,7 +287,7 @@ async def download_model(
     """A tar of the version's ``from_pretrained`` files (flat), every file checked against its
     sha256 before anything is sent: what ``swarm adapters pull NAME --with-base`` puts beside
     an adapter."""
-    model = await gw.registry.call("models.get", GetModel(name=name, version=version), ModelVersion)
+    model = await gw.registry.call(GET_MODEL, GetModel(name=name, version=version))
     what = f"model {name!r} version {version}"
     return await verified_tar(
         gw.store, model.store_key, model.files, what, f"{name}-v{version}.tar"

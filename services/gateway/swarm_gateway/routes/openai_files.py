@@ -23,7 +23,7 @@ from starlette.background import BackgroundTask
 
 from swarm_contracts.datasets import DatasetInfo
 from swarm_contracts.jobs import JobRecord
-from swarm_contracts.metrics import GetJobMetrics, JobMetrics
+from swarm_contracts.metrics import GET_JOB_METRICS, GetJobMetrics, JobMetrics
 from swarm_contracts.names import label_from_filename
 from swarm_gateway.auth import Tenant
 from swarm_gateway.dataset_upload import store_dataset
@@ -168,7 +168,7 @@ async def _results(gw: Gateway, tenant: str, file: str) -> tuple[JobRecord, byte
     if found is None or found[0].tenant != tenant:
         return None
     request = GetJobMetrics(job_id=found[0].job_id)
-    metrics = await gw.telemetry.call("metrics.get", request, JobMetrics)
+    metrics = await gw.telemetry.call(GET_JOB_METRICS, request)
     return found[0], results_csv(metrics)
 
 

@@ -14,7 +14,13 @@ from pydantic import BaseModel, Field, StrictBool
 
 from swarm_contracts.inference import InferenceHeartbeat
 from swarm_contracts.jobs import utcnow
-from swarm_contracts.workers import BenchmarkRequest, WorkerBenchmark, WorkerInfo, WorkerOps
+from swarm_contracts.workers import (
+    BENCHMARK,
+    BenchmarkRequest,
+    WorkerBenchmark,
+    WorkerInfo,
+    WorkerOps,
+)
 from swarm_gateway.auth import Admin
 from swarm_gateway.state import Gateway, get_gateway
 from swarm_runtime.records import Conflict
@@ -172,9 +178,8 @@ async def benchmark(gw: GW, _admin: Admin, worker_id: WorkerId) -> WorkerBenchma
         raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"worker {worker_id} not found")
     worker = ServiceClient(gw.nc, "trainer", lambda _: gw.subjects.benchmark(worker_id))
     return await worker.call(
-        "benchmark",
+        BENCHMARK,
         BenchmarkRequest(worker_id=worker_id),
-        WorkerBenchmark,
         wait_s=BENCHMARK_TIMEOUT_S,
     )
 

@@ -7,14 +7,7 @@
 const POLL_MS = 1000;
 const MAX_EVENTS = 400;
 const KEY_STORE = "swarm.apiKey";
-const TERMINAL = new Set(["succeeded", "failed", "cancelled"]);
 const FINAL_READS = 10; // reads after the end before a curve short of the last step is final
-const GROUPS = [
-  ["queue", ["queued", "assigned"]],
-  ["running", ["running"]],
-  ["paused", ["paused"]], // checkpointed and handed back: no worker until resumed
-  ["finished", ["succeeded", "failed", "cancelled"]],
-];
 
 const state = {
   key: localStorage.getItem(KEY_STORE) || "",
@@ -27,6 +20,9 @@ const state = {
   model: null, // the playground's model: a base model or an adapter id from /v1/models
   answer: null, // AbortController of the playground's running answer
   ticks: 0,
+  // What job states mean, read once from the gateway (dashboard/lifecycle.json, made from
+  // swarm_contracts.events), never listed here: { terminal: Set, groups: [[label, states]] }.
+  lifecycle: null,
 };
 const MODELS_EVERY = 5; // /v1/models asks the registry twice: every 5th poll is enough
 
@@ -163,9 +159,20 @@ function jobRow(job) {
   return row;
 }
 
+async function loadLifecycle() {
+  if (state.lifecycle) return;
+  const life = await api("dashboard/lifecycle.json");
+  const terminal = life.states.filter((s) => s.terminal).map((s) => s.name);
+  // One group per state a job is still in, in the order a job goes through them, then one
+  // for all that ended.
+  const groups = life.states.filter((s) => !s.terminal).map((s) => [s.name, [s.name]]);
+  groups.push(["finished", terminal]);
+  state.lifecycle = { terminal: new Set(terminal), groups };
+}
+
 function renderJobs(jobs) {
   const rows = [];
-  for (const [label, states] of GROUPS) {
+  for (const [label, states] of state.lifecycle.groups) {
     const group = jobs.filter((j) => states.includes(j.state));
     rows.push(h("tr", { class: "group" }, h("td", { colspan: 7 }, `${label} (${group.length})`)));
     rows.push(...group.map(jobRow));
@@ -180,6 +187,7 @@ const JOBS_PAGE = 50;
 const jobsPages = { cursors: [null], next: null };
 
 async function loadJobs() {
+  await loadLifecycle();
   const cursor = jobsPages.cursors[jobsPages.cursors.length - 1];
   const query = `v1/jobs?limit=${JOBS_PAGE}` + (cursor ? `&cursor=${encodeURIComponent(cursor)}` : "");
   const page = await api(query);
@@ -253,7 +261,7 @@ async function loadSelected() {
   renderSamples(job);
   // A finished job's curves no longer change: read them until they are complete, then stop.
   if (state.metricsFinal) return;
-  const ended = TERMINAL.has(job.state);
+  const ended = state.lifecycle !== null && state.lifecycle.terminal.has(job.state);
   const metrics = await api(`v1/jobs/${encodeURIComponent(id)}/metrics?max_points=500`);
   if (id !== state.selected) return;
   window.drawLossChart($("loss-chart"), metrics);

@@ -1,0 +1,93 @@
+"""Training sessions (the Tinker-compatible API): what the gateway asks of the worker that holds
+a session, and what the worker answers.
+
+The gateway speaks the Tinker HTTP protocol to the client (docs/tinker.md) and turns each
+training call into one ``SessionCall`` on ``swarm.workers.<worker>.sessions.<session>``
+(request/reply); the worker runs the calls of a session one at a time, in ``seq_id`` order, and
+answers ``Reply[SessionResult]``. A refusal with code ``invalid`` is the caller's mistake (the
+SDK's ``user`` error category); anything else is the server's.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from swarm_contracts.jobs import ModelRef
+from swarm_contracts.names import NAME_PATTERN
+
+# A session's subject token and KV key: the Tinker model id with ':' made '-'
+# (``<session>:train:<n>`` -> ``<session>-train-<n>``).
+SESSION_TOKEN_PATTERN = r"^tsess-[0-9a-f]{16}-train-[0-9]{1,6}$"
+
+# The loss functions a session computes (the SDK names more: they are refused, by name).
+LOSSES = ("cross_entropy", "importance_sampling", "ppo")
+
+Op = Literal[
+    "create",
+    "forward",
+    "forward_backward",
+    "optim_step",
+    "save_state",
+    "load_state",
+    "save_weights_for_sampler",
+    "close",
+]
+
+
+class SessionDatum(BaseModel):
+    """One Tinker ``Datum``: the input tokens and the loss function's inputs, flattened
+    (``target_tokens`` as numbers, ``weights``, ``logprobs``, ``advantages``: one per token)."""
+
+    tokens: list[int] = Field(min_length=1)
+    inputs: dict[str, list[float]] = Field(default_factory=dict)
+
+
+class AdamStep(BaseModel):
+    """Tinker's ``AdamParams``: the optimizer's settings for this step."""
+
+    learning_rate: float = Field(default=1e-4, ge=0.0)
+    beta1: float = Field(default=0.9, ge=0.0, lt=1.0)
+    beta2: float = Field(default=0.95, ge=0.0, lt=1.0)
+    eps: float = Field(default=1e-12, gt=0.0)
+    weight_decay: float = Field(default=0.0, ge=0.0)
+    grad_clip_norm: float = Field(default=0.0, ge=0.0)
+
+
+class CreateSession(BaseModel):
+    base_model: ModelRef
+    rank: int = Field(ge=1, le=256)
+    seed: int | None = None
+    train_mlp: bool = True
+    train_attn: bool = True
+    train_unembed: bool = True
+
+
+class SessionCall(BaseModel):
+    session: str = Field(pattern=SESSION_TOKEN_PATTERN)
+    tenant: str = Field(pattern=NAME_PATTERN)
+    seq_id: int = Field(ge=0, description="the SDK's order of the session's calls (create: 0)")
+    op: Op
+    create: CreateSession | None = None
+    data: list[SessionDatum] = Field(default_factory=list)
+    loss_fn: str | None = None
+    loss_fn_config: dict[str, float] = Field(default_factory=dict)
+    adam: AdamStep | None = None
+    store_key: str | None = Field(
+        default=None, description="save_state/load_state/save_weights_for_sampler: where"
+    )
+    optimizer: bool = Field(default=True, description="load_state: the optimizer's state too")
+
+
+class SessionResult(BaseModel):
+    """Per datum, the loss function's outputs (``logprobs``, ``elementwise_loss``: one per
+    token); ``metrics`` (``loss:sum``, ...); ``store_key`` for saves; ``step``: optimizer steps
+    taken so far."""
+
+    outputs: list[dict[str, list[float]]] = Field(default_factory=list)
+    metrics: dict[str, float] = Field(default_factory=dict)
+    store_key: str | None = None
+    files: dict[str, str] = Field(default_factory=dict, description="saved file -> sha256")
+    step: int = 0
+    model_info: dict[str, str | int | None] = Field(default_factory=dict)

@@ -1,0 +1,531 @@
+"""``/api/v1/*``: the Tinker training API, as the stock ``tinker`` SDK speaks it (docs/tinker.md).
+
+The SDK's key is a Swarm API key with ``tml-`` in front (the SDK insists on that prefix), sent as
+``X-API-Key``; tenants are the same as everywhere else. Training calls answer a future at once
+(``{"request_id"}``); ``retrieve_future`` long-polls it (``try_again`` while it is pending).
+
+Long because: one protocol surface, every route the stock SDK calls (start-up, sessions,
+models, training calls, futures), read side by side with the SDK.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+import time
+import uuid
+from datetime import timedelta
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, HTTPException, Request, status
+from fastapi.responses import Response
+from pydantic import BaseModel, ConfigDict, Field
+
+from swarm_contracts.jobs import ModelRef, utcnow
+from swarm_contracts.registry import GetModel, ListModels, ModelVersion
+from swarm_contracts.registry_api import GET_MODEL, LIST_MODELS
+from swarm_contracts.sessions import (
+    LOSSES,
+    AdamStep,
+    CreateSession,
+    Op,
+    SessionCall,
+    SessionResult,
+)
+from swarm_gateway.auth import DEFAULT_TENANT, KeyTable
+from swarm_gateway.state import Gateway, get_gateway
+from swarm_gateway.tinker.calls import Calls
+from swarm_gateway.tinker.records import (
+    FutureRecord,
+    ModelRecord,
+    SessionRecord,
+    model_token,
+)
+from swarm_gateway.tinker.wire import (
+    WireError,
+    decode_forward_backward,
+    encode_forward_backward_output,
+)
+from swarm_runtime.records import RecordTable
+from swarm_runtime.rpc import Refused
+
+router = APIRouter(prefix="/api/v1", tags=["tinker"])
+GW = Annotated[Gateway, Depends(get_gateway)]
+
+# How long a worker may take over one call before its future reads as failed.
+CALL_TIMEOUT_S = 600.0
+# How long one retrieve_future waits for a pending future before answering try_again.
+LONG_POLL_S = 20.0
+# A worker whose last heartbeat is older than this holds no new session.
+FRESH_HEARTBEAT_S = 30.0
+_CHECKPOINT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_SESSION_ID = re.compile(r"^tsess-[0-9a-f]{16}$")
+
+
+class Tables:
+    """The gateway's Tinker state (swarm_gateway.tinker.records), made in the app's lifespan."""
+
+    def __init__(
+        self,
+        sessions: RecordTable[SessionRecord],
+        models: RecordTable[ModelRecord],
+        futures: RecordTable[FutureRecord],
+        calls: Calls,
+    ) -> None:
+        self.sessions = sessions
+        self.models = models
+        self.futures = futures
+        self.calls = calls
+
+
+def tables(request: Request) -> Tables:
+    found: Tables = request.app.state.tinker
+    return found
+
+
+T = Annotated[Tables, Depends(tables)]
+
+
+def tinker_tenant(request: Request) -> str:
+    """The caller's tenant from ``X-API-Key: tml-<Swarm key>`` (or a Bearer key)."""
+    keys: KeyTable = request.app.state.api_keys
+    if not keys:
+        return DEFAULT_TENANT
+    presented = request.headers.get("x-api-key", "")
+    if not presented:
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        presented = token.strip() if scheme.lower() == "bearer" else ""
+    if not presented:
+        raise HTTPException(status.HTTP_401_UNAUTHORIZED, detail="missing API key: X-API-Key")
+    principal = keys.lookup(presented)
+    if principal is None and presented.startswith("tml-"):
+        principal = keys.lookup(presented.removeprefix("tml-"))
+    if principal is None:
+        raise HTTPException(status.HTTP_401_UNAUTHORIZED, detail="unknown API key")
+    return principal.tenant
+
+
+Tenant = Annotated[str, Depends(tinker_tenant)]
+
+
+class Lenient(BaseModel):
+    # The SDK sends fields this server has no use for (user_metadata, type, ...).
+    model_config = ConfigDict(extra="ignore", protected_namespaces=())
+
+
+# --- the SDK's start-up ----------------------------------------------------------------------
+
+
+@router.get("/healthz")
+async def healthz() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+@router.post("/client/config")
+async def client_config(tenant: Tenant) -> dict[str, Any]:
+    return {
+        "pjwt_auth_enabled": False,
+        # One request per forward_backward, in order: a session's calls run in sequence.
+        "parallel_fwdbwd_chunks": False,
+        "proto_compress_fwdbwd": False,
+        "use_pyqwest_transport": False,
+    }
+
+
+@router.post("/client/dynamic_config")
+async def client_dynamic_config(tenant: Tenant) -> dict[str, Any]:
+    return {}
+
+
+@router.post("/telemetry")
+async def telemetry(tenant: Tenant) -> dict[str, str]:
+    # The SDK's own usage telemetry: accepted and dropped (Swarm keeps its own metrics).
+    return {"status": "accepted"}
+
+
+@router.get("/get_server_capabilities")
+async def server_capabilities(gw: GW, tenant: Tenant) -> dict[str, Any]:
+    models = await gw.registry.call(LIST_MODELS, ListModels())
+    return {
+        "supported_models": [
+            {"model_name": m.hf_id or m.name, "trainable": True, "sampleable": False}
+            for m in models
+        ]
+    }
+
+
+class CreateSessionBody(Lenient):
+    tags: list[str] = Field(default_factory=list)
+
+
+@router.post("/create_session")
+async def create_session(body: CreateSessionBody, t: T, tenant: Tenant) -> dict[str, str]:
+    session_id = f"tsess-{secrets.token_hex(8)}"
+    await t.sessions.create(session_id, SessionRecord(session_id=session_id, tenant=tenant))
+    return {"type": "create_session", "session_id": session_id}
+
+
+class HeartbeatBody(Lenient):
+    session_id: str
+
+
+@router.post("/session_heartbeat")
+async def session_heartbeat(body: HeartbeatBody, t: T, tenant: Tenant) -> dict[str, str]:
+    await _session(t, tenant, body.session_id)
+    return {"type": "session_heartbeat"}
+
+
+# --- models ----------------------------------------------------------------------------------
+
+
+class LoraBody(Lenient):
+    rank: int = Field(ge=1, le=256)
+    seed: int | None = None
+    train_unembed: bool = True
+    train_mlp: bool = True
+    train_attn: bool = True
+
+
+class CreateModelBody(Lenient):
+    session_id: str
+    model_seq_id: int = Field(ge=0, le=999_999)
+    base_model: str = Field(min_length=1, max_length=256)
+    lora_config: LoraBody | None = None
+
+
+@router.post("/create_model")
+async def create_model(body: CreateModelBody, gw: GW, t: T, tenant: Tenant) -> dict[str, str]:
+    await _session(t, tenant, body.session_id)
+    model_id = f"{body.session_id}:train:{body.model_seq_id}"
+    base = await _base_model(gw, body.base_model)
+    worker_id = await _place(gw, base)
+    lora = body.lora_config or LoraBody(rank=32)
+    record = ModelRecord(
+        model_id=model_id,
+        session_id=body.session_id,
+        tenant=tenant,
+        worker_id=worker_id,
+        base_model=base,
+        base_model_name=body.base_model,
+        rank=lora.rank,
+    )
+    token = model_token(model_id)
+    await t.models.put(token, record)
+    create = CreateSession(
+        base_model=base,
+        rank=lora.rank,
+        seed=lora.seed,
+        train_mlp=lora.train_mlp,
+        train_attn=lora.train_attn,
+        train_unembed=lora.train_unembed,
+    )
+    call = SessionCall(session=token, tenant=tenant, seq_id=0, op="create", create=create)
+
+    async def created(future: FutureRecord) -> None:
+        def settle(r: ModelRecord) -> ModelRecord:
+            if future.state == "done" and future.result is not None:
+                context = future.result.model_info.get("max_context")
+                r.max_context = context if isinstance(context, int) else None
+                r.state = "ready"
+            else:
+                r.state, r.error = "failed", future.error
+            return r
+
+        await t.models.modify(token, settle)
+
+    return await _send(t, record, call, then=created)
+
+
+class GetInfoBody(Lenient):
+    model_id: str
+
+
+@router.post("/get_info")
+async def get_info(body: GetInfoBody, t: T, tenant: Tenant) -> dict[str, Any]:
+    record = await _model(t, tenant, body.model_id)
+    return {
+        "type": "get_info",
+        "model_id": record.model_id,
+        "model_data": {
+            "arch": "lora",
+            "model_name": record.base_model.hf_id or record.base_model_name,
+            "tokenizer_id": record.base_model.hf_id,
+        },
+        "is_lora": True,
+        "lora_rank": record.rank,
+        "model_name": record.base_model_name,
+    }
+
+
+# --- training calls --------------------------------------------------------------------------
+
+
+@router.post("/forward_backward")
+async def forward_backward(request: Request, t: T, tenant: Tenant) -> dict[str, str]:
+    try:
+        fwd = decode_forward_backward(await request.body(), request.headers.get("content-encoding"))
+    except WireError as exc:
+        raise HTTPException(status.HTTP_400_BAD_REQUEST, detail=str(exc)) from exc
+    if fwd.loss_fn not in LOSSES:
+        raise HTTPException(
+            status.HTTP_400_BAD_REQUEST,
+            detail=f"loss_fn: {fwd.loss_fn!r} is not served; served: {', '.join(LOSSES)}",
+        )
+    record = await _ready_model(t, tenant, fwd.model_id)
+    op: Op = "forward" if fwd.forward_only else "forward_backward"
+    call = SessionCall(
+        session=model_token(record.model_id),
+        tenant=tenant,
+        seq_id=fwd.seq_id,
+        op=op,
+        data=fwd.data,
+        loss_fn=fwd.loss_fn,
+        loss_fn_config=fwd.config,
+    )
+    return await _send(t, record, call)
+
+
+class OptimStepBody(Lenient):
+    model_id: str
+    seq_id: int = Field(ge=1)
+    adam_params: AdamStep
+
+
+@router.post("/optim_step")
+async def optim_step(body: OptimStepBody, t: T, tenant: Tenant) -> dict[str, str]:
+    record = await _ready_model(t, tenant, body.model_id)
+    call = SessionCall(
+        session=model_token(record.model_id),
+        tenant=tenant,
+        seq_id=body.seq_id,
+        op="optim_step",
+        adam=body.adam_params,
+    )
+    return await _send(t, record, call)
+
+
+class SaveBody(Lenient):
+    model_id: str
+    seq_id: int = Field(ge=1)
+    path: str | None = Field(default=None, description="a name for the checkpoint")
+
+
+@router.post("/save_weights")
+async def save_weights(body: SaveBody, t: T, tenant: Tenant) -> dict[str, str]:
+    return await _save(t, tenant, body, "save_state", "weights")
+
+
+@router.post("/save_weights_for_sampler")
+async def save_weights_for_sampler(body: SaveBody, t: T, tenant: Tenant) -> dict[str, str]:
+    return await _save(t, tenant, body, "save_weights_for_sampler", "sampler_weights")
+
+
+class LoadBody(Lenient):
+    model_id: str | None = None
+    seq_id: int | None = Field(default=None, ge=1)
+    path: str
+    optimizer: bool = True
+
+
+@router.post("/load_weights")
+async def load_weights(body: LoadBody, t: T, tenant: Tenant) -> dict[str, str]:
+    if body.model_id is None or body.seq_id is None:
+        raise HTTPException(
+            status.HTTP_400_BAD_REQUEST,
+            detail="model_id: creating a training client from saved weights is not served "
+            "yet; create one, then load_state",
+        )
+    record = await _ready_model(t, tenant, body.model_id)
+    source_model, kind, name = _parse_path(body.path)
+    if kind != "weights":
+        raise HTTPException(
+            status.HTTP_400_BAD_REQUEST, detail="path: load a save_state path (…/weights/…)"
+        )
+    source = await _model(t, tenant, source_model, field="path")
+    call = SessionCall(
+        session=model_token(record.model_id),
+        tenant=tenant,
+        seq_id=body.seq_id,
+        op="load_state",
+        store_key=_store_key(source, kind, name),
+        optimizer=body.optimizer,
+    )
+    return await _send(t, record, call, path=body.path)
+
+
+# --- futures ---------------------------------------------------------------------------------
+
+
+class RetrieveBody(Lenient):
+    request_id: str = Field(min_length=1, max_length=64)
+
+
+@router.post("/retrieve_future", response_model=None)
+async def retrieve_future(body: RetrieveBody, t: T, tenant: Tenant) -> Response | dict[str, Any]:
+    deadline = time.monotonic() + LONG_POLL_S
+    while True:
+        found = await t.futures.get(body.request_id)
+        if found is None or found[0].tenant != tenant:
+            raise HTTPException(status.HTTP_404_NOT_FOUND, detail="request_id: no such future")
+        future = found[0]
+        if future.state == "pending" and time.time() > future.deadline:
+            future.state, future.category = "failed", "server"
+            future.error = "no answer from the worker holding this session in time"
+        if future.state != "pending":
+            return _answer(future)
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return {"type": "try_again", "request_id": future.request_id, "queue_state": "active"}
+        await t.calls.wait(future.request_id, min(left, 1.0))
+
+
+def _answer(future: FutureRecord) -> Response | dict[str, Any]:
+    if future.state == "failed" or future.result is None:
+        return {"error": future.error or "failed", "category": future.category or "server"}
+    result: SessionResult = future.result
+    if future.op in ("forward", "forward_backward"):
+        return Response(encode_forward_backward_output(result), media_type="application/x-protobuf")
+    if future.op == "create":
+        return {"type": "create_model", "model_id": future.model_id}
+    if future.op == "optim_step":
+        return {"metrics": result.metrics}
+    if future.op == "save_state":
+        return {"type": "save_weights", "path": future.path}
+    if future.op == "save_weights_for_sampler":
+        return {"type": "save_weights_for_sampler", "path": future.path}
+    return {"type": "load_weights", "path": future.path, "model_id": future.model_id}
+
+
+# --- helpers ---------------------------------------------------------------------------------
+
+
+async def _send(
+    t: Tables,
+    record: ModelRecord,
+    call: SessionCall,
+    *,
+    path: str | None = None,
+    then: Any = None,
+) -> dict[str, str]:
+    request_id = uuid.uuid4().hex
+    future = FutureRecord(
+        request_id=request_id,
+        tenant=record.tenant,
+        model_id=record.model_id,
+        op=call.op,
+        deadline=time.time() + CALL_TIMEOUT_S,
+        path=path,
+    )
+    await t.calls.send(record.worker_id, call, future, then)
+    return {"request_id": request_id, "model_id": record.model_id}
+
+
+async def _save(t: Tables, tenant: str, body: SaveBody, op: Op, kind: str) -> dict[str, str]:
+    record = await _ready_model(t, tenant, body.model_id)
+    name = body.path or f"step-{body.seq_id:06d}"
+    if not _CHECKPOINT_NAME.fullmatch(name):
+        raise HTTPException(
+            status.HTTP_400_BAD_REQUEST,
+            detail="path: a name of letters, digits, '.', '_' and '-' (up to 128)",
+        )
+    call = SessionCall(
+        session=model_token(record.model_id),
+        tenant=tenant,
+        seq_id=body.seq_id,
+        op=op,
+        store_key=_store_key(record, kind, name),
+    )
+    return await _send(t, record, call, path=f"tinker://{record.model_id}/{kind}/{name}")
+
+
+def _store_key(record: ModelRecord, kind: str, name: str) -> str:
+    return f"tinker/{record.tenant}/{model_token(record.model_id)}/{kind}/{name}"
+
+
+def _parse_path(path: str) -> tuple[str, str, str]:
+    parts = path.removeprefix("tinker://").split("/")
+    if (
+        not path.startswith("tinker://")
+        or len(parts) != 3
+        or not _CHECKPOINT_NAME.fullmatch(parts[2])
+    ):
+        raise HTTPException(
+            status.HTTP_400_BAD_REQUEST, detail="path: not tinker://<model_id>/<kind>/<name>"
+        )
+    return parts[0], parts[1], parts[2]
+
+
+async def _session(t: Tables, tenant: str, session_id: str) -> SessionRecord:
+    found = await t.sessions.get(session_id) if _SESSION_ID.fullmatch(session_id) else None
+    if found is None or found[0].tenant != tenant:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, detail="session_id: no such session")
+    return found[0]
+
+
+async def _model(t: Tables, tenant: str, model_id: str, field: str = "model_id") -> ModelRecord:
+    token = model_token(model_id)
+    found = await t.models.get(token) if re.fullmatch(r"[A-Za-z0-9_-]{1,80}", token) else None
+    # Another tenant's model is no different from none.
+    if found is None or found[0].tenant != tenant:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"{field}: no such model")
+    return found[0]
+
+
+async def _ready_model(t: Tables, tenant: str, model_id: str) -> ModelRecord:
+    record = await _model(t, tenant, model_id)
+    if record.state == "failed":
+        raise HTTPException(
+            status.HTTP_409_CONFLICT, detail=f"model_id: the model failed: {record.error}"
+        )
+    if record.state == "closed":
+        raise HTTPException(status.HTTP_409_CONFLICT, detail="model_id: the session is closed")
+    return record
+
+
+async def _base_model(gw: Gateway, name: str) -> ModelRef:
+    """By registry name (``name`` or ``name@version``), else by the Hugging Face id it was
+    registered with."""
+    model: ModelVersion | None = None
+    registry_name, _, version = name.partition("@")
+    try:
+        model = await gw.registry.call(
+            GET_MODEL,
+            GetModel(name=registry_name, version=int(version) if version.isdigit() else None),
+        )
+    except Refused as exc:
+        if exc.code != "not_found" and exc.code != "invalid":
+            raise
+        models = await gw.registry.call(LIST_MODELS, ListModels())
+        matches = sorted((m for m in models if m.hf_id == name), key=lambda m: m.version)
+        model = matches[-1] if matches else None
+    if model is None:
+        raise HTTPException(
+            status.HTTP_404_NOT_FOUND, detail=f"base_model: no model {name!r} in the registry"
+        )
+    return ModelRef(
+        name=model.name,
+        version=model.version,
+        store_key=model.store_key,
+        digest=model.digest,
+        hf_id=model.hf_id,
+    )
+
+
+async def _place(gw: Gateway, base: ModelRef) -> str:
+    """A live worker of the cluster's own (sessions need its store keys), one that has the base
+    model cached first, then the one with the most free CPUs."""
+    fresh = utcnow() - timedelta(seconds=FRESH_HEARTBEAT_S)
+    workers = [
+        w
+        for w in await gw.workers.all()
+        if w.state == "alive"
+        and w.provider is None
+        and not (w.cordoned or w.draining or w.suspect)
+        and w.last_heartbeat >= fresh
+    ]
+    if not workers:
+        raise HTTPException(
+            status.HTTP_503_SERVICE_UNAVAILABLE, detail="no trainer worker can hold a session now"
+        )
+    best = max(workers, key=lambda w: (base.digest in w.cached_models, w.free.cpus, w.worker_id))
+    return best.worker_id

@@ -1,0 +1,123 @@
+"""Session calls to workers, and their futures.
+
+``send`` records the call's future (pending) and publishes the call on the worker's session
+subject with a reply subject of this gateway's own; it returns once the call is on the wire, so
+that a session's calls leave in the order the client made them. The worker's reply (or NATS's
+"no responders") settles the future in the KV bucket, where any gateway answers
+``retrieve_future`` from: a future outlives the client's connection. A future nobody settled by
+its deadline (the worker or this gateway died mid-call) reads as failed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from pydantic import ValidationError
+
+from swarm_contracts.replies import Reply
+from swarm_contracts.sessions import SessionCall, SessionResult
+from swarm_contracts.subjects import Subjects
+from swarm_gateway.tinker.records import FutureRecord
+from swarm_runtime.records import RecordTable
+from swarm_runtime.tracing import trace_headers
+
+log = logging.getLogger(__name__)
+
+# What a settled future does next (e.g. mark the model ready): given the record as settled.
+OnSettled = Callable[[FutureRecord], Awaitable[None]]
+
+
+class Calls:
+    def __init__(
+        self, nc: NatsClient, subjects: Subjects, futures: RecordTable[FutureRecord]
+    ) -> None:
+        self.nc = nc
+        self.subjects = subjects
+        self.futures = futures
+        self.inbox = nc.new_inbox()
+        self._sub: Subscription | None = None
+        self._settled: dict[str, asyncio.Event] = {}
+        self._then: dict[str, OnSettled] = {}
+
+    async def start(self) -> None:
+        self._sub = await self.nc.subscribe(f"{self.inbox}.*", cb=self._on_reply)
+
+    async def stop(self) -> None:
+        if self._sub is not None:
+            await self._sub.unsubscribe()
+
+    async def send(
+        self,
+        worker_id: str,
+        call: SessionCall,
+        future: FutureRecord,
+        then: OnSettled | None = None,
+    ) -> None:
+        await self.futures.put(future.request_id, future)
+        self._settled[future.request_id] = asyncio.Event()
+        if then is not None:
+            self._then[future.request_id] = then
+        await self.nc.publish(
+            self.subjects.worker_session(worker_id, call.session),
+            call.model_dump_json().encode(),
+            reply=f"{self.inbox}.{future.request_id}",
+            headers=trace_headers(),
+        )
+
+    async def wait(self, request_id: str, timeout: float) -> None:
+        """Until this gateway saw the future settled, or ``timeout``; a future another gateway
+        sent is only read again (the caller's next read of the record)."""
+        event = self._settled.get(request_id)
+        if event is None:
+            await asyncio.sleep(min(timeout, 0.5))
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(event.wait(), timeout)
+
+    async def _on_reply(self, msg: Msg) -> None:
+        request_id = msg.subject.rsplit(".", 1)[-1]
+        try:
+            await self._settle(request_id, msg)
+        except Exception:  # a reply must never take the subscription down
+            log.exception("could not settle the future %s", request_id)
+
+    async def _settle(self, request_id: str, msg: Msg) -> None:
+        found = await self.futures.get(request_id)
+        if found is None:
+            log.warning("a reply for the unknown future %s: dropped", request_id)
+            return
+        future, revision = found
+        if msg.headers and msg.headers.get("Status") == "503":
+            future.state, future.category = "failed", "server"
+            future.error = "the worker holding this session is not listening (gone?)"
+        else:
+            try:
+                reply = Reply[SessionResult].model_validate_json(msg.data)
+            except ValidationError as exc:
+                log.warning("a malformed reply for future %s: %s", request_id, exc)
+                future.state, future.category = "failed", "server"
+                future.error = "the worker sent a malformed reply"
+            else:
+                if reply.ok and reply.result is not None:
+                    future.state, future.result = "done", reply.result
+                else:
+                    future.state = "failed"
+                    # The worker's refusals of bad input are the caller's mistake.
+                    user = reply.code in ("invalid", "not_found", "conflict")
+                    future.category = "user" if user else "server"
+                    future.error = reply.error or "the worker refused the call"
+        future.done_at = time.time()
+        await self.futures.update(request_id, future, revision)
+        then = self._then.pop(request_id, None)
+        if then is not None:
+            await then(future)
+        event = self._settled.pop(request_id, None)
+        if event is not None:
+            event.set()

@@ -1,0 +1,124 @@
+"""The Tinker SDK's protobuf messages: ``forward_backward`` requests in, ``ForwardBackwardOutput``
+out. Built from the SDK's own file descriptor (wire_descriptor, tools/tinker_proto.py) in a pool
+of their own, so that they never clash with an SDK imported into the same process."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import zstandard
+from google.protobuf import descriptor_pool, message_factory
+from google.protobuf.message import DecodeError
+
+from swarm_contracts.sessions import SessionDatum, SessionResult
+from swarm_gateway.tinker.wire_descriptor import FILE_DESCRIPTOR
+
+_POOL = descriptor_pool.DescriptorPool()
+_POOL.AddSerializedFile(FILE_DESCRIPTOR)
+
+
+def _message(name: str) -> Any:
+    return message_factory.GetMessageClass(_POOL.FindMessageTypeByName(f"tinker_public.{name}"))
+
+
+ForwardBackwardRequest = _message("ForwardBackwardRequest")
+ForwardBackwardOutput = _message("ForwardBackwardOutput")
+_DTYPE = _POOL.FindEnumTypeByName("tinker_public.DType").values_by_name
+_FLOAT32 = _DTYPE["DTYPE_FLOAT32"].number
+_INT64 = _DTYPE["DTYPE_INT64"].number
+_NUMPY = {_FLOAT32: np.float32, _INT64: np.int64}
+MAX_BODY = 64 << 20  # decompressed
+
+
+class WireError(ValueError):
+    """A request body the gateway cannot read: a 400 naming the field."""
+
+
+class FwdBwd:
+    def __init__(
+        self,
+        model_id: str,
+        seq_id: int,
+        loss_fn: str,
+        config: dict[str, float],
+        forward_only: bool,
+        data: list[SessionDatum],
+    ) -> None:
+        self.model_id = model_id
+        self.seq_id = seq_id
+        self.loss_fn = loss_fn
+        self.config = config
+        self.forward_only = forward_only
+        self.data = data
+
+
+def decode_forward_backward(body: bytes, encoding: str | None) -> FwdBwd:
+    if encoding == "zstd":
+        try:
+            body = zstandard.ZstdDecompressor().decompress(body, max_output_size=MAX_BODY)
+        except zstandard.ZstdError as exc:
+            raise WireError(f"body: not zstd ({exc})") from exc
+    elif encoding not in (None, "", "identity"):
+        raise WireError(f"Content-Encoding: {encoding!r} is not served (zstd or none)")
+    msg = ForwardBackwardRequest()
+    try:
+        msg.ParseFromString(body)
+    except DecodeError as exc:
+        raise WireError(f"body: not a ForwardBackwardRequest ({exc})") from exc
+    config: dict[str, float] = {}
+    for key, value in msg.loss_fn_config_v2.items():
+        if value.WhichOneof("value") != "number":
+            raise WireError(f"loss_fn_config.{key}: only numbers are served")
+        config[key] = value.number
+    for key, number in msg.loss_fn_config.items():
+        config.setdefault(key, number)
+    data = [_datum(i, d) for i, d in enumerate(msg.data)]
+    return FwdBwd(msg.model_id, msg.seq_id, msg.loss_fn, config, msg.forward_only, data)
+
+
+def _datum(i: int, datum: Any) -> SessionDatum:
+    tokens: list[int] = []
+    for j, chunk in enumerate(datum.model_input):
+        kind = chunk.WhichOneof("chunk")
+        if kind != "encoded_text":
+            raise WireError(f"data[{i}].model_input.chunks[{j}]: {kind} chunks are not served")
+        tokens.extend(np.frombuffer(chunk.encoded_text.tokens, dtype=np.int32).tolist())
+    if not tokens:
+        raise WireError(f"data[{i}].model_input: no tokens")
+    inputs = {
+        name: _tensor(f"data[{i}].loss_fn_inputs.{name}", t)
+        for name, t in datum.loss_fn_inputs.items()
+    }
+    return SessionDatum(tokens=tokens, inputs=inputs)
+
+
+def _tensor(field: str, tensor: Any) -> list[float]:
+    dtype = _NUMPY.get(tensor.dtype)
+    if dtype is None:
+        raise WireError(f"{field}: dtype {tensor.dtype} is not served (float32, int64)")
+    if tensor.HasField("sparse_csr"):
+        raise WireError(f"{field}: sparse tensors are not served")
+    try:
+        return np.frombuffer(tensor.dense, dtype=dtype).astype(np.float64).tolist()
+    except ValueError as exc:
+        raise WireError(f"{field}: {exc}") from exc
+
+
+def encode_forward_backward_output(result: SessionResult) -> bytes:
+    """One ``ArrayRecord`` of the per-datum float32 outputs, as the SDK reads it back."""
+    out = ForwardBackwardOutput()
+    out.loss_fn_output_type = "ArrayRecord"
+    for key, value in result.metrics.items():
+        out.metrics[key] = value
+    if result.outputs:
+        record = out.loss_fn_outputs.add()
+        record.num_datums = len(result.outputs)
+        for name in result.outputs[0]:
+            arrays = [np.asarray(o[name], dtype=np.float32) for o in result.outputs]
+            offsets = np.cumsum([0] + [a.nbytes for a in arrays], dtype=np.int64)
+            field = record.fields[name]
+            field.dtype = _FLOAT32
+            field.data = b"".join(a.tobytes() for a in arrays)
+            field.offsets = offsets.tobytes()
+    return bytes(out.SerializeToString())
