@@ -1,6 +1,10 @@
 """A synchronous client for the gateway's HTTP API (v1). ``swarm.AsyncClient`` is its twin.
 
 Requests and parsing live in ``swarm.api`` and errors in ``swarm.errors``, shared by both.
+
+Long because: one method for each of the gateway's endpoints (jobs and their control, sweeps,
+datasets, models, adapters, workers, completions), the SDK's one page for users, kept
+method for method beside its async twin; what is not sending already lives elsewhere.
 """
 
 from __future__ import annotations

@@ -7,6 +7,9 @@ best adapter; ``save_checkpoint`` through ``ray.train.report``), and ``finish``:
 the best adapter and the run's metrics to the run's output prefix. The step itself is in
 ``step``; what the job's training method (SFT, DPO) makes of its data, its loss and its
 measures is in ``methods``; rank 0's reports to the agent are ``reports``.
+
+Long because: the loop's phases share one ``Recipe`` and read in order, as one run does;
+the step, the methods, the reports, sharding and checkpoints' files are their own modules.
 """
 
 from __future__ import annotations
