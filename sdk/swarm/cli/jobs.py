@@ -1,5 +1,5 @@
-"""``swarm submit`` and ``swarm jobs``: submit, list, estimate, show, follow, cancel and
-verify jobs, and print their events."""
+"""``swarm submit`` and ``swarm jobs``: submit, list, estimate, show, follow, cancel, pause,
+resume and verify jobs, and print their events."""
 
 from __future__ import annotations
 
@@ -14,7 +14,9 @@ from swarm.cli.session import client, load_spec, run
 from swarm.evals_view import evals_table
 from swarm.progress import follow, report
 
-group = typer.Typer(help="List, show, cancel, verify and follow jobs (plain `swarm jobs` lists).")
+group = typer.Typer(
+    help="List, show, cancel, pause, resume, verify and follow jobs (plain `swarm jobs` lists)."
+)
 
 SpecArg = Annotated[Path, typer.Argument(help="job spec (YAML)", exists=True, dir_okay=False)]
 
@@ -25,11 +27,35 @@ def submit(
         bool, typer.Option("--follow", "-f", help="show progress until done")
     ] = False,
     idempotency_key: Annotated[str | None, typer.Option(help="dedupe retried submits")] = None,
+    from_checkpoint: Annotated[
+        str | None,
+        typer.Option(
+            help="JOB_ID@STEP: start from that committed checkpoint of another of your jobs "
+            "(a fork: its adapter weights)"
+        ),
+    ] = None,
+    with_optimizer: Annotated[
+        bool,
+        typer.Option(
+            help="with --from-checkpoint: also its optimizer state, schedule, step and data "
+            "position, so the job continues that run"
+        ),
+    ] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Submit a job; with --follow, show its progress and exit 1 if it fails."""
+    if with_optimizer and from_checkpoint is None:
+        out.fail("[red]--with-optimizer needs --from-checkpoint JOB_ID@STEP[/]")
     c = client()
-    record = run(lambda: c.submit(load_spec(file), idempotency_key=idempotency_key))
+    spec = load_spec(file)
+    record = run(
+        lambda: c.submit(
+            spec,
+            idempotency_key=idempotency_key,
+            from_checkpoint=from_checkpoint,
+            from_checkpoint_optimizer=with_optimizer,
+        )
+    )
     if as_json and not follow_:
         out.json(record)
         return
@@ -40,6 +66,9 @@ def submit(
             f"continues from {record.parent.ref} (its LoRA: r={lora.r}, alpha={lora.alpha:g}, "
             f"target_modules={lora.target_modules})"
         )
+    if record.spec.from_checkpoint is not None:
+        what = "its whole training state" if record.spec.from_checkpoint_optimizer else "weights"
+        out.console.print(f"forks {record.spec.from_checkpoint} ({what})")
     if follow_:
         result = run(lambda: follow(c, record.job_id, out.console))
         if as_json:
@@ -142,6 +171,44 @@ def jobs_cancel(job_id: str, as_json: JsonOpt = False) -> None:
     """Cancel a job in any state."""
     record = run(lambda: client().cancel(job_id))
     out.result(record, as_json, f"cancel requested for {record.job_id} (was {record.state})")
+
+
+ReasonOpt = Annotated[str | None, typer.Option(help="why (in the job's events)")]
+
+
+@group.command("pause")
+def jobs_pause(
+    job_id: str,
+    reason: ReasonOpt = None,
+    wait: Annotated[
+        bool, typer.Option(help="until it is paused; exit 1 if it ended instead")
+    ] = False,
+    timeout: Annotated[float, typer.Option(help="with --wait: give up after (seconds)")] = 600.0,
+    as_json: JsonOpt = False,
+) -> None:
+    """Pause a running job: its worker checkpoints it and lets it go, and it holds no worker
+    until `swarm jobs resume`."""
+    c = client()
+    record = run(lambda: c.pause_job(job_id, reason))
+    if not wait:
+        out.result(record, as_json, f"pause requested for {record.job_id} (was {record.state})")
+        return
+    out.err.print(f"pause requested for {job_id}: waiting for its checkpoint")
+    record = run(lambda: c.wait_state(job_id, "paused", timeout=timeout))
+    if record.state == "paused":
+        out.result(record, as_json, f"{job_id} {record.reason or 'paused'}")
+        return
+    if as_json:
+        out.json(record)
+    why = f": {record.reason}" if record.reason else ""
+    out.fail(f"[red]{job_id} {record.state} instead of pausing[/]{why}", code=1)
+
+
+@group.command("resume")
+def jobs_resume(job_id: str, reason: ReasonOpt = None, as_json: JsonOpt = False) -> None:
+    """Queue a paused job again: it trains on from the checkpoint it was paused at."""
+    record = run(lambda: client().resume_job(job_id, reason))
+    out.result(record, as_json, f"resume requested for {record.job_id}")
 
 
 @group.command("verify")
