@@ -8,7 +8,7 @@ PACKAGES := libs/contracts libs/runtime services/scheduler services/registry ser
 PYPROJECTS := $(addsuffix /pyproject.toml,$(PACKAGES)) requirements-dev.txt services/trainer/constraints.txt
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup demo test typecheck clean nats-server asyncapi chromium bench compose-check
+.PHONY: setup demo test typecheck clean nats-server asyncapi chromium bench compose-check soak
 
 setup: $(STAMP) nats-server
 
@@ -74,3 +74,8 @@ bench: setup
 # docker-compose and mmdebstrap with apt-get when missing. Phases and times: docs/deploy.md.
 compose-check: setup
 	$(PY) tools/compose_check.py
+
+# Not part of `make test`: the long chaos run (about 20 minutes on 2 cores); its table goes to
+# docs/reliability.md. `make test` runs the short one (tests/soak/test_chaos.py).
+soak: setup
+	$(PY) -m tests.soak.chaos --jobs 50 --trainers 3 --seed 1

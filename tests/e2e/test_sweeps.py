@@ -3,7 +3,7 @@
 The session stack's one trainer agent has 2 CPUs, so two one-CPU trials run at once. Trials
 are a few steps long with an evaluation every 2 steps: enough for rungs and a best trial.
 
-Time goes into jobs (each is a Ray Train run): 10 in all. So the three sweeps are created at
+Time goes into jobs (each is a Ray Train run): 8 in all. So the three sweeps are created at
 once (the ``sweeps`` fixture) and share the trainer's two slots, which then never idle; each
 test waits for its own. The restart test comes first: it kills the controller while the
 random sweep's first two trials run (its jobs have a higher priority, so they are placed
@@ -35,9 +35,12 @@ from swarm_sweeps.searcher import Searcher
 
 from .conftest import Stack
 
-# The restart test waits for the 6-trial sweep while the others share the trainer: on a busy
+# The restart test waits for the 4-trial sweep while the others share the trainer: on a busy
 # machine that is more than the suite's 600 s per test.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
+# The random sweep's trials: two running when its controller is killed, at least one to
+# propose after the restart.
+BUDGET = 4
 
 
 def sweep_spec(stack: Stack, name: str, **overrides: Any) -> dict[str, Any]:
@@ -92,7 +95,7 @@ def sweeps(stack: Stack) -> dict[str, SweepRecord]:
         # Priority 7 (its trials' jobs go before the others'): the restart test kills the
         # controller while its first two trials run.
         "random": sweep_spec(
-            stack, "sweep-random", base=random_base, algorithm="random", budget=6, seed=7
+            stack, "sweep-random", base=random_base, algorithm="random", budget=BUDGET, seed=7
         ),
         # A grid, one trial at a time: a sane learning rate first, then one too small to learn
         # anything (a too large one is not reliably worse after two steps: it can jump lower).
@@ -122,7 +125,7 @@ def test_a_killed_controller_restarts_and_completes_the_sweep_with_exactly_its_b
     """kill -9 of the sweeps process mid-sweep; a new one takes over from KV and the streams."""
     client, local = stack.client, stack.local
     sweep = sweeps["random"]
-    # Mid-sweep: its first two trials are running, the other four not started yet.
+    # Mid-sweep: its first two trials are running, the other two not started yet.
     deadline = time.monotonic() + 300
     while not all_running(client.get_sweep(sweep.sweep_id), 2):
         assert time.monotonic() < deadline, client.get_sweep(sweep.sweep_id)
@@ -131,7 +134,7 @@ def test_a_killed_controller_restarts_and_completes_the_sweep_with_exactly_its_b
     local.procs["sweeps"].wait(10)
     # While no controller runs, the trials go on (they are ordinary jobs); one of them ends.
     first = client.get_sweep(sweep.sweep_id).trials  # what the killed controller had started
-    assert 2 <= len(first) < 6
+    assert 2 <= len(first) < BUDGET
     deadline = time.monotonic() + 300
     while not (ended := [t.trial for t in first if client.get_job(t.job_id).state.terminal]):
         assert time.monotonic() < deadline
@@ -140,18 +143,18 @@ def test_a_killed_controller_restarts_and_completes_the_sweep_with_exactly_its_b
 
     done = client.wait_sweep(sweep.sweep_id, timeout=600)
     assert done.state == SweepState.completed, done.reason
-    assert [t.trial for t in done.trials] == list(range(6))
-    assert [t.state for t in done.trials] == [TrialState.succeeded] * 6
+    assert [t.trial for t in done.trials] == list(range(BUDGET))
+    assert [t.state for t in done.trials] == [TrialState.succeeded] * BUDGET
     # Exactly the budget: one job per trial, one adapter version per job.
     jobs, _ = client.list_jobs(sweep=sweep.sweep_id, limit=100)
     assert sorted(j.job_id for j in jobs) == sorted(t.job_id for t in done.trials)
-    assert len(client.list_adapters("sweep-random")) == 6
+    assert len(client.list_adapters("sweep-random")) == BUDGET
     # The new leader caught up with the trials' jobs before proposing: the first trial it
     # proposed knew what had ended while no controller ran.
     assert set(ended) <= set(done.trials[len(first)].told)
     events = names(stack, sweep.sweep_id)
-    assert events.count("trial_started") == 6
-    assert events.count("trial_finished") == 6
+    assert events.count("trial_started") == BUDGET
+    assert events.count("trial_finished") == BUDGET
     assert events.count("completed") == 1
     assert events.count("created") == 1
 
@@ -167,7 +170,7 @@ def test_a_random_sweep_runs_its_budget_two_at_a_time_and_aliases_the_best(
     sweep = sweeps["random"]
     done = client.wait_sweep(sweep.sweep_id, timeout=600)
     assert done.state == SweepState.completed, done.reason
-    assert [t.trial for t in done.trials] == list(range(6))
+    assert [t.trial for t in done.trials] == list(range(BUDGET))
     assert {t.state for t in done.trials} == {TrialState.succeeded}
 
     # Each trial's value is its job's final eval loss; the best is the lowest of them.
@@ -184,19 +187,19 @@ def test_a_random_sweep_runs_its_budget_two_at_a_time_and_aliases_the_best(
     assert done.best.trial == best.trial
     assert done.best.adapter is not None
     assert done.best.adapter == best.adapter
-    assert len({t.params["training.lr"] for t in done.trials}) == 6
+    assert len({t.params["training.lr"] for t in done.trials}) == BUDGET
 
     # Every trial registered a version of the sweep's adapter; the best one has the alias.
     versions = {a.version for a in client.list_adapters("sweep-random")}
     assert versions == {t.adapter.version for t in done.trials if t.adapter}
-    assert len(versions) == 6
+    assert len(versions) == BUDGET
     alias = client.get_alias("sweep-random", BEST_ALIAS)
     assert alias["version"] == best.adapter.version  # type: ignore[union-attr]
 
     events = names(stack, sweep.sweep_id)
     assert events[0] == "created"
     assert events[-1] == "completed"
-    assert events.count("trial_started") == events.count("trial_finished") == 6
+    assert events.count("trial_started") == events.count("trial_finished") == BUDGET
     assert never_more_than(events, 2)
     assert events.count("best_changed") >= 1
 

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from swarm_contracts.verification import ReplayReport, VerifyTarget
-from swarm_runtime.settings import Settings
 from swarm_runtime.store import LocalStore
 from swarm_trainer.hooks import CrashBeforeStep
 from swarm_trainer.reports import Progress, Started, Validated
 from swarm_trainer.run import RunResult, committed_checkpoint_step, run_job
+from swarm_trainer.settings import TrainerSettings
 
 from ..conftest import drain, make_assignment
 
@@ -33,7 +33,7 @@ def test_a_dpo_job_reports_rewards_resumes_exactly_and_replays_to_the_same_adapt
     from ray.util.queue import Queue
 
     store = LocalStore(tmp_path / "store")
-    settings = Settings(store_url=store.url, work_dir=tmp_path / "work")
+    settings = TrainerSettings(store_url=store.url, work_dir=tmp_path / "work")
     job = make_assignment(
         store,
         tiny_model_dir,
