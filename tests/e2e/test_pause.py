@@ -151,6 +151,13 @@ def test_a_paused_job_frees_its_worker_and_resumes_as_if_it_never_stopped(
     with pytest.raises(NotFoundError):
         client.submit(spec(stack), "e2e-fork-bad2", from_checkpoint=f"{job_id_for('x', 'y')}@1")
     client.resume_job(job_id)
+    # The scheduler takes the resume in from its control stream: queued again soon after.
+    until(
+        "the resumed job to leave paused",
+        lambda: client.get_job(job_id).state != JobState.paused,
+        timeout=30,
+        poll_s=0.2,
+    )
     with pytest.raises(ValidationError, match="not paused") as running:
         client.resume_job(job_id)
     assert running.value.status_code == 409

@@ -414,6 +414,7 @@ async def test_evil_reads_no_ones_replies_watches_or_records(stack: Stack, evil:
         "holds": False,
         "state": None,
         "cancel_requested": False,
+        "release_requested": False,
     }
     assert await evil.send(S.worker_attempt("honest"))
 

@@ -212,7 +212,8 @@ async def test_a_cancel_takes_effect_within_seconds_while_ray_starts_the_run(
     assert events.torn_down_s < 90.0
     # And gave back the CPUs its ranks held: a killed controller leaves its placement group,
     # which would keep the next attempt placed on this worker waiting forever.
-    assert await _placement_groups_left(timeout=30.0) == []
+    # (A kill asked while the group starts waits for it: up to a minute on a loaded machine.)
+    assert await _placement_groups_left(timeout=90.0) == []
 
 
 async def _placement_groups_left(timeout: float) -> list[str]:

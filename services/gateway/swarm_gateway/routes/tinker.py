@@ -79,6 +79,9 @@ class Tables:
 
 
 def tables(request: Request) -> Tables:
+    """The session tables, for a handler that needs NATS: a 503 at once while NATS is away,
+    as for every other route (``get_gateway``)."""
+    get_gateway(request)
     found: Tables = request.app.state.tinker
     return found
 
@@ -363,8 +366,10 @@ class RetrieveBody(Lenient):
 @router.post("/retrieve_future", response_model=None)
 async def retrieve_future(body: RetrieveBody, t: T, tenant: Tenant) -> Response | dict[str, Any]:
     deadline = time.monotonic() + LONG_POLL_S
+    # Ours are uuid4 hex; anything else (not even a valid KV key) names no future.
+    known = re.fullmatch(r"[0-9a-f]{32}", body.request_id) is not None
     while True:
-        found = await t.futures.get(body.request_id)
+        found = await t.futures.get(body.request_id) if known else None
         if found is None or found[0].tenant != tenant:
             raise HTTPException(status.HTTP_404_NOT_FOUND, detail="request_id: no such future")
         future = found[0]
