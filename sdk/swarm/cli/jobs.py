@@ -12,7 +12,8 @@ import yaml
 from swarm.cli.output import AfterOpt, JsonOpt, lists_by_default, out
 from swarm.cli.session import client, load_spec, run
 from swarm.evals_view import evals_table
-from swarm.progress import follow, report
+from swarm.progress import follow, report, task_metrics
+from swarm_contracts.jobs import JobRecord
 
 group = typer.Typer(
     help="List, show, cancel, pause, resume, verify and follow jobs (plain `swarm jobs` lists)."
@@ -90,17 +91,28 @@ def jobs_ls(
         records,
         as_json,
         "jobs",
-        ["id", "name", "state", "attempt", "worker", "created", "reason"],
-        lambda r: (
-            r.job_id,
-            r.spec.name,
-            r.state,
-            r.attempt,
-            r.worker_id,
-            r.created_at.strftime("%Y-%m-%d %H:%M:%S"),
-            r.reason,
-        ),
+        ["id", "name", "state", "attempt", "worker", "created", "task evals", "reason"],
+        job_row,
     )
+
+
+def job_row(r: JobRecord) -> tuple[object, ...]:
+    return (
+        r.job_id,
+        r.spec.name,
+        r.state,
+        r.attempt,
+        r.worker_id,
+        r.created_at.strftime("%Y-%m-%d %H:%M:%S"),
+        listed_task_metrics(r),
+        r.reason,
+    )
+
+
+def listed_task_metrics(record: JobRecord) -> str:
+    """The job's task metrics as its record holds them (the kept adapter's, once it ended)."""
+    names = record.spec.evals.metrics if record.spec.evals else []
+    return task_metrics({m: record.metrics[m] for m in names if m in record.metrics})
 
 
 def gib(n: int) -> str:
