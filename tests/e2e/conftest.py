@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from swarm_trainer.tiny_model import create_tiny_model
 from ..conftest import NatsServer, free_port
 
 INFERENCE_WORKER = "e2e-inference"
+WORDS = ["cat", "dog", "sun", "moon", "tree", "bird", "fish", "rain", "snow", "star", "leaf"]
 
 
 @dataclass
@@ -79,6 +81,15 @@ def stack(nats_server: NatsServer, tmp_path_factory: pytest.TempPathFactory) -> 
             validation=client.upload_dataset(val_path),
         )
         client.close()
+
+
+def upload_ok_dataset(stack: Stack, tmp_path: Path) -> str:
+    """Every prompt is answered " ok": a tiny task a random base never does and a LoRA adapter
+    learns in a few steps (lr 1e-2); which prompts are held out does not matter."""
+    path = tmp_path / "ok.jsonl"
+    rows = [{"prompt": f"say {a} {b} ->", "completion": " ok"} for a in WORDS for b in WORDS[:6]]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return stack.client.upload_dataset(path).id
 
 
 @pytest.fixture(autouse=True)

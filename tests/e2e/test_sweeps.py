@@ -3,11 +3,12 @@
 The session stack's one trainer agent has 2 CPUs, so two one-CPU trials run at once. Trials
 are a few steps long with an evaluation every 2 steps: enough for rungs and a best trial.
 
-Time goes into jobs (each is a Ray Train run): 8 in all. So the three sweeps are created at
+Time goes into jobs (each is a Ray Train run): 10 in all. So the three sweeps are created at
 once (the ``sweeps`` fixture) and share the trainer's two slots, which then never idle; each
 test waits for its own. The restart test comes first: it kills the controller while the
 random sweep's first two trials run (its jobs have a higher priority, so they are placed
 first); the other sweeps go on without a controller too, and must come through it as well.
+The sweep on a task metric comes last, and runs alone.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from swarm_contracts.sweeps import (
 )
 from swarm_sweeps.searcher import Searcher
 
-from .conftest import Stack
+from .conftest import Stack, upload_ok_dataset
 
 # The restart test waits for the 4-trial sweep while the others share the trainer: on a busy
 # machine that is more than the suite's 600 s per test.
@@ -295,3 +296,66 @@ def as_known_then(earlier: list[TrialRecord], told: list[int]) -> list[TrialReco
         t if t.trial in told else t.model_copy(update={"state": TrialState.running, "evals": {}})
         for t in earlier
     ]
+
+
+def test_a_sweep_on_a_task_metric_keeps_the_trial_with_the_highest_exact_match(
+    stack: Stack, tmp_path: Path
+) -> None:
+    """The objective is a grader's metric, not the loss: each trial's value is its adapter's
+    exact match, and the best is the highest (``mode`` max by default for a task metric). The
+    grid's first trial learns nothing (lr 1e-6), so a sweep that kept its first trial, or the
+    lowest value, would pick the wrong one. Last in the file: it runs alone on the trainer
+    after the other sweeps have completed."""
+    client = stack.client
+    base = {
+        "base_model": "tiny-llama",
+        "dataset": upload_ok_dataset(stack, tmp_path),
+        "lora": {"r": 8, "alpha": 16, "dropout": 0.0, "target_modules": "all-linear"},
+        "training": {
+            "max_steps": 16,
+            "batch_size": 8,
+            "warmup_steps": 2,
+            "seq_len": 32,
+            "eval_every": 16,
+            "checkpoint_every": 16,
+            "val_fraction": 0.0,
+        },
+        "evals": {
+            "fraction": 0.2,
+            "graders": [{"type": "exact_match"}],
+            "max_new_tokens": 4,
+            "samples": 0,
+            "select_by": "exact_match",
+        },
+    }
+    spec = sweep_spec(
+        stack,
+        "sweep-exact",
+        base=base,
+        algorithm="grid",
+        search={"training.lr": {"type": "choice", "values": [1e-6, 1e-2]}},
+        metric="exact_match",
+    )
+    sweep = client.create_sweep(spec, idempotency_key="e2e-sweep-exact")
+    assert sweep.spec.mode == "max"
+    done = client.wait_sweep(sweep.sweep_id, timeout=300)
+    assert done.state == SweepState.completed, done.reason
+    still, learner = done.trials
+    assert still.params == {"training.lr": 1e-6}
+    assert learner.params == {"training.lr": 1e-2}
+    assert [t.state for t in done.trials] == [TrialState.succeeded] * 2
+    for trial in done.trials:
+        job = client.get_job(trial.job_id)
+        # The trial's value is the kept adapter's exact match, not its eval loss.
+        assert trial.value == pytest.approx(job.metrics["exact_match"])
+        assert max(trial.evals) == 16  # and step 0's, the base model's
+    assert still.value is not None
+    assert learner.value is not None
+    assert learner.value >= still.value + 0.5, (still.value, learner.value)
+    assert done.best is not None
+    assert done.best.trial == learner.trial
+    assert done.best.value == learner.value
+    alias = client.get_alias("sweep-exact", BEST_ALIAS)
+    assert alias["version"] == learner.adapter.version  # type: ignore[union-attr]
+    changes = [e.payload for e in client.sweep_events(sweep.sweep_id) if e.event == "best_changed"]
+    assert changes[-1]["best"]["trial"] == learner.trial

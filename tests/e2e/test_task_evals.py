@@ -4,7 +4,6 @@ record, the adapter's metrics, the events and the CLI; bad evals are refused up 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -15,21 +14,11 @@ from swarm.errors import ValidationError
 from swarm_contracts.evals import EvalResult
 from swarm_contracts.jobs import JobState
 
-from .conftest import Stack
+from .conftest import Stack, upload_ok_dataset
 
 pytestmark = pytest.mark.slow
 
-WORDS = ["cat", "dog", "sun", "moon", "tree", "bird", "fish", "rain", "snow", "star", "leaf"]
 MARGIN = 0.5
-
-
-def dataset(stack: Stack, tmp_path: Path) -> str:
-    """Every prompt is answered " ok": a tiny task a random base never does and a LoRA adapter
-    learns in a few steps; which prompts are held out does not matter."""
-    path = tmp_path / "ok.jsonl"
-    rows = [{"prompt": f"say {a} {b} ->", "completion": " ok"} for a in WORDS for b in WORDS[:6]]
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return stack.client.upload_dataset(path).id
 
 
 def spec(dataset_id: str, **evals: object) -> dict:
@@ -61,7 +50,7 @@ def spec(dataset_id: str, **evals: object) -> dict:
 
 def test_the_adapter_beats_the_base_on_held_out_prompts(stack: Stack, tmp_path: Path) -> None:
     client = stack.client
-    dataset_id = dataset(stack, tmp_path)
+    dataset_id = upload_ok_dataset(stack, tmp_path)
     job = client.submit(spec(dataset_id), idempotency_key="e2e-evals")
     record = client.wait(job.job_id, timeout=300)
     assert record.state == JobState.succeeded, record.reason
@@ -89,6 +78,25 @@ def test_the_adapter_beats_the_base_on_held_out_prompts(stack: Stack, tmp_path: 
     assert f"exact_match {tuned:.2f}" in result.output
     assert "say " in result.output  # a sample row's prompt
 
+    # The jobs list shows the kept adapter's metrics.
+    result = CliRunner().invoke(
+        app,
+        ["--url", stack.local.gateway_url, "jobs", "ls", "--name", "e2e-evals"],
+        env={"COLUMNS": "200"},
+    )
+    assert result.exit_code == 0, result.output
+    assert f"exact_match {tuned:.2f}" in result.output
+    # Following the finished job replays its events: the live line ends with the last
+    # evaluation's metrics beside the steps and the loss.
+    result = CliRunner().invoke(
+        app,
+        ["--url", stack.local.gateway_url, "jobs", "follow", job.job_id],
+        env={"COLUMNS": "200"},
+    )
+    assert result.exit_code == 0, result.output
+    [live] = [line for line in result.output.splitlines() if "16/16" in line]
+    assert f"exact_match {found[-1].metrics['exact_match']:.2f}" in live, result.output
+
 
 @pytest.mark.parametrize(
     ("evals", "message"),
@@ -110,4 +118,4 @@ def test_bad_evals_are_a_422_up_front(
     stack: Stack, tmp_path: Path, evals: dict, message: str
 ) -> None:
     with pytest.raises(ValidationError, match=message):
-        stack.client.submit(spec(dataset(stack, tmp_path), **evals))
+        stack.client.submit(spec(upload_ok_dataset(stack, tmp_path), **evals))
