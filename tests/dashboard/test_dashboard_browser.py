@@ -1,4 +1,5 @@
-"""The dashboard in headless Chromium against real services: live curves, and the API key."""
+"""The dashboard in headless Chromium against real services: live curves (loss and task
+metrics), and the API key."""
 
 from __future__ import annotations
 
@@ -48,6 +49,12 @@ def job_spec(stack: Stack) -> dict:
             "eval_every": 5,
             "checkpoint_every": 10,
         },
+        # Graded at every evaluation: the metric chart beside the loss, and the sample table.
+        "evals": {
+            "graders": [{"type": "exact_match"}, {"type": "json_valid"}],
+            "max_new_tokens": 8,
+            "samples": 2,
+        },
     }
 
 
@@ -80,6 +87,15 @@ def chart_points(driver: Chrome, series: str) -> int:
             f"data-{series}-points",
         )
     )
+
+
+def metric_chart(driver: Chrome) -> tuple[str, int]:
+    """The task-metric chart's (metric names, points), read in one JS turn."""
+    names, points = driver.execute_script(
+        "const c = document.getElementById('metric-chart');"
+        "return [c.getAttribute('data-metrics'), c.getAttribute('data-metric-points')];"
+    )
+    return names, int(points)
 
 
 def train_points(driver: Chrome) -> int:
@@ -144,6 +160,15 @@ def test_the_dashboard_draws_a_running_jobs_loss_curve_as_it_grows(
     assert evals >= 1
     assert polyline_points(browser, "eval") == evals
     assert polyline_points(browser, "train") == MAX_STEPS
+    # Each evaluation graded the held-out prompts: one point per metric per evaluation, drawn
+    # beside the loss, the metrics in the summary and the latest sample under the chart.
+    assert metric_chart(browser) == ("exact_match,json_valid", evals)
+    assert browser.find_element(By.ID, "metric-chart").is_displayed()
+    assert len(browser.find_elements(By.CSS_SELECTOR, "#metric-chart polyline.metric")) == 2
+    assert "exact_match: " in browser.find_element(By.ID, "job-summary").text
+    samples = browser.find_element(By.ID, "eval-samples")
+    assert f"at step {MAX_STEPS}" in samples.find_element(By.TAG_NAME, "caption").text
+    assert len(samples.find_elements(By.CSS_SELECTOR, "tr")) == 1 + 2  # header and the sample
     until(
         browser,
         lambda d: (
