@@ -4,12 +4,19 @@ character, the same weights from the same seed."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
+from swarm_trainer import step
 from swarm_trainer.synthetic import corpus
-from swarm_trainer.tiny_model import build_char_tokenizer, create_pretrained_model
+from swarm_trainer.tiny_model import (
+    PRETRAIN_THREADS,
+    build_char_tokenizer,
+    create_pretrained_model,
+)
 
 
 def test_the_corpus_is_deterministic_and_has_no_json() -> None:
@@ -33,3 +40,25 @@ def test_pretraining_is_deterministic_from_its_seed(tmp_path: Path) -> None:
     wa, wb, wc = (load_file(d / "model.safetensors") for d in (a, b, c))
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
     assert not all(torch.equal(wa[k], wc[k]) for k in wa)
+
+
+def test_pretraining_steps_on_one_thread_and_gives_the_callers_count_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two threads spin-waiting on a busy 2-core machine made a 2-minute build take an hour."""
+    threads: list[int] = []
+    real = step.train_step
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        threads.append(torch.get_num_threads())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(step, "train_step", counting)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        create_pretrained_model(tmp_path, seed=1, steps=2, log=False)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+    assert threads == [PRETRAIN_THREADS] * 2 == [1, 1]

@@ -124,6 +124,11 @@ def build_char_tokenizer() -> PreTrainedTokenizerFast:
 PRETRAIN_STEPS = 1200
 PRETRAIN_BATCH = 32
 PRETRAIN_LR = 3e-3
+# Pretraining runs on one torch thread: the model's matmuls are too small for a second thread
+# to pay, and where the cores are busy two threads spin-wait on each other (measured on a
+# loaded 2-core VM: 200 steps in 30-46 s on one thread, 638 s and 10x the CPU time on two).
+# The weights came out bit for bit those of a two-thread build there, so cached builds hold.
+PRETRAIN_THREADS = 1
 
 
 def pretrained_config(vocab_size: int, **tokens: int | None) -> LlamaConfig:
@@ -144,7 +149,17 @@ def create_pretrained_model(
     out_dir: Path, seed: int = 0, steps: int = PRETRAIN_STEPS, log: bool = True
 ) -> Path:
     """Pretrain a small Llama on ``synthetic.corpus`` with the trainer's own data pipeline,
-    step and schedule (full weights, no adapter), and save it with its tokenizer."""
+    step and schedule (full weights, no adapter), and save it with its tokenizer; on
+    ``PRETRAIN_THREADS`` threads, the caller's thread count restored afterwards."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(PRETRAIN_THREADS)
+    try:
+        return _pretrain(Path(out_dir), seed, steps, log)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _pretrain(out_dir: Path, seed: int, steps: int, log: bool) -> Path:
     # Imported here: the random model needs none of the training code.
     from swarm_trainer.data import BatchSampler
     from swarm_trainer.methods.sft import tokenize
@@ -152,7 +167,6 @@ def create_pretrained_model(
     from swarm_trainer.step import lr_lambda, make_optimizer, train_step
     from swarm_trainer.synthetic import corpus
 
-    out_dir = Path(out_dir)
     seed_everything(seed)
     tokenizer = build_char_tokenizer()
     config = pretrained_config(
@@ -176,7 +190,10 @@ def create_pretrained_model(
         )
         if log and (step + 1) % 100 == 0:
             took = time.monotonic() - started
-            print(f"  pretraining step {step + 1}/{steps}: loss {out.loss:.3f} ({took:.0f} s)")
+            print(
+                f"  pretraining step {step + 1}/{steps}: loss {out.loss:.3f} ({took:.0f} s)",
+                flush=True,
+            )
     model.eval()
     model.config.use_cache = True
     out_dir.mkdir(parents=True, exist_ok=True)
