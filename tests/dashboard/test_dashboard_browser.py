@@ -166,6 +166,7 @@ def test_the_dashboard_draws_a_running_jobs_loss_curve_as_it_grows(
     assert browser.find_element(By.ID, "metric-chart").is_displayed()
     assert len(browser.find_elements(By.CSS_SELECTOR, "#metric-chart polyline.metric")) == 2
     assert "exact_match: " in browser.find_element(By.ID, "job-summary").text
+    until(browser, lambda d: "exact_match " in d.find_element(By.CSS_SELECTOR, row_css).text)
     samples = browser.find_element(By.ID, "eval-samples")
     assert f"at step {MAX_STEPS}" in samples.find_element(By.TAG_NAME, "caption").text
     assert len(samples.find_elements(By.CSS_SELECTOR, "tr")) == 1 + 2  # header and the sample

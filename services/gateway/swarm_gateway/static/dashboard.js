@@ -152,6 +152,7 @@ function jobRow(job) {
     h("td", {}, badge(job.state)),
     h("td", {}, step),
     h("td", {}, num(m.loss)),
+    h("td", {}, taskSummary(job)),
     h("td", { class: "mono" }, job.worker_id || ""),
     h("td", {}, clock(job.created_at)));
   if (job.job_id === state.selected) row.classList.add("selected");
@@ -174,7 +175,7 @@ function renderJobs(jobs) {
   const rows = [];
   for (const [label, states] of state.lifecycle.groups) {
     const group = jobs.filter((j) => states.includes(j.state));
-    rows.push(h("tr", { class: "group" }, h("td", { colspan: 7 }, `${label} (${group.length})`)));
+    rows.push(h("tr", { class: "group" }, h("td", { colspan: 8 }, `${label} (${group.length})`)));
     rows.push(...group.map(jobRow));
   }
   $("jobs").tBodies[0].replaceChildren(...rows);
@@ -211,6 +212,13 @@ function pageJobs(older) {
 function taskMetrics(job) {
   const evals = job.spec && job.spec.evals;
   return evals ? evals.graders.map((g) => g.name || g.type) : [];
+}
+
+// "exact_match 0.93  json_valid 1.00": the task metrics the record holds (the kept adapter's
+// once the job ended), as `swarm jobs` shows them.
+function taskSummary(job) {
+  const m = job.metrics || {};
+  return taskMetrics(job).filter((n) => typeof m[n] === "number").map((n) => `${n} ${m[n].toFixed(2)}`).join("  ");
 }
 
 // The latest task evaluation's sample: prompt, expected, got, and a mark per metric.
