@@ -291,11 +291,11 @@ async def test_a_new_attempt_of_a_job_the_agent_still_runs_stops_the_stale_run(
     without waiting for the stale run to stop (Ray may take a minute to stop a run it is
     starting; dropping the new attempt would leave the job assigned until the assign timeout).
     """
-    from swarm_trainer.agent import ActiveJob
+    from swarm_trainer.attempt import Attempt
 
     agent = await bare_agent(settings)
     new = make_assignment(open_store(settings), tiny_model_dir, worker_id="w-test", attempt=2)
-    stale = ActiveJob(job=new.model_copy(update={"attempt": 1}))
+    stale = Attempt(agent, new.model_copy(update={"attempt": 1}))
 
     async def stale_run() -> None:  # a run Ray is slow to stop
         await asyncio.sleep(60)
@@ -330,7 +330,7 @@ async def test_a_run_that_fails_after_its_lease_lapsed_sends_no_final_event(
     """A stale attempt's ``failed`` would be a second final event in the job's stream once
     the newer attempt ends; the current attempt's failure is still reported."""
     import swarm_trainer.control
-    from swarm_trainer.agent import ActiveJob
+    from swarm_trainer.attempt import Attempt
 
     def broken() -> None:
         raise OSError("the store went away")
@@ -342,7 +342,7 @@ async def test_a_run_that_fails_after_its_lease_lapsed_sends_no_final_event(
     async def emit(event: Any, step: int | str = "") -> None:
         sent.append((event.event, event.attempt))
 
-    monkeypatch.setattr(agent, "_emit", emit)
+    monkeypatch.setattr(agent, "emit", emit)
     job = make_assignment(open_store(settings), tiny_model_dir, worker_id="w-test", attempt=1)
     record = JobRecord(
         job_id=job.job_id,
@@ -353,16 +353,16 @@ async def test_a_run_that_fails_after_its_lease_lapsed_sends_no_final_event(
         worker_id="elsewhere",
     )
     await agent.jobs.create(job.job_id, record)
-    await agent._run(ActiveJob(job=job))
+    await Attempt(agent, job).run()
     assert sent == []
-    await agent._run(ActiveJob(job=job.model_copy(update={"attempt": 2, "worker_id": "w-test"})))
+    await Attempt(agent, job.model_copy(update={"attempt": 2, "worker_id": "w-test"})).run()
     assert sent == []  # attempt 2 runs elsewhere, not here: still not ours to end
     found = await agent.jobs.get(job.job_id)
     assert found is not None
     await agent.jobs.update(
         job.job_id, found[0].model_copy(update={"worker_id": "w-test"}), found[1]
     )
-    await agent._run(ActiveJob(job=job.model_copy(update={"attempt": 2, "worker_id": "w-test"})))
+    await Attempt(agent, job.model_copy(update={"attempt": 2, "worker_id": "w-test"})).run()
     assert sent == [("failed", 2)]
     await agent.broker.stop()
 
@@ -374,7 +374,7 @@ async def test_an_agent_that_missed_the_pause_request_hands_the_job_back_at_its_
     it reads ``release_requested`` when it next asks about its attempt, and hands the job
     back: a run that trained nothing yet is stopped at once and reported ``released``."""
     from swarm_contracts.events import Released
-    from swarm_trainer.agent import PAUSE_REASON, ActiveJob
+    from swarm_trainer.attempt import PAUSE_REASON, Attempt
 
     agent = await bare_agent(settings)
     s = Subjects(settings.namespace)
@@ -396,10 +396,10 @@ async def test_an_agent_that_missed_the_pause_request_hands_the_job_back_at_its_
     async def setting_up() -> None:  # a run Ray is still starting: no step trained
         await asyncio.sleep(60)
 
-    active = ActiveJob(job=job)
+    active = Attempt(agent, job)
     active.task = asyncio.create_task(setting_up())
     agent.active[job.job_id] = active
-    await agent._stop_if_superseded(active)
+    await active.stop_if_superseded()
     assert active.release_reason == PAUSE_REASON
     assert not active.cancel_requested
     released = Released.model_validate(json.loads((await sub.next_msg(timeout=10)).data)["data"])

@@ -57,7 +57,7 @@ def test_read_jsonl_rejects_garbage(tmp_path: Path) -> None:
 
 
 def test_failure_reasons_are_one_readable_line() -> None:
-    from swarm_trainer.agent import readable
+    from swarm_trainer.attempt import readable
 
     ray_text = (
         "Training failed due to worker errors:\n[Rank 0 Error Snippet]:\n"

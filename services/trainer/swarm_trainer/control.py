@@ -10,11 +10,14 @@ and peft would cost that process seconds of start-up); rank 0's end is ``reporte
 from __future__ import annotations
 
 import contextlib
+import queue as queue_mod
 import threading
 from typing import Any
 
 import ray
 from ray.util.queue import Queue
+
+from swarm_trainer.reports import Report
 
 # Reports are advisory; checkpoints and results go to the store, so a full queue only ever
 # costs progress events, never correctness.
@@ -103,3 +106,21 @@ def make_channels() -> tuple[Queue, Any]:
     """(report queue, control actor) for one run; both live in the local Ray cluster."""
     queue = Queue(maxsize=QUEUE_SIZE, actor_options={"num_cpus": 0})
     return queue, JobControl.remote()  # type: ignore[attr-defined]
+
+
+def drain(progress: Queue, wait_s: float) -> list[Report]:
+    """Everything rank 0 has sent so far, waiting up to ``wait_s`` for the first item."""
+    items: list[Report] = []
+    try:
+        items.append(progress.get(block=wait_s > 0, timeout=wait_s or None))
+        while True:
+            items.append(progress.get_nowait())
+    except queue_mod.Empty:
+        pass
+    return items
+
+
+def close_channels(*handles: Any) -> None:
+    """Kill the actors behind a run's channels, once it is over."""
+    for handle in handles:
+        ray.kill(getattr(handle, "actor", handle))

@@ -15,8 +15,9 @@ worker's own start and end times. So the phases are measured where they ran, and
       trainer.register          the registry request, which carries it in a traceparent
                                 header: the registry's spans are its children
 
-The agent makes ``trainer.job`` the current span while the attempt runs, so the events it
-emits are recorded on it (``note_event``) and the registration is its child.
+The attempt (``swarm_trainer.attempt.Attempt.run``) makes ``trainer.job`` the current span
+while it runs, so the events it emits are recorded on it (``note_event``) and the registration
+is its child.
 """
 
 from __future__ import annotations

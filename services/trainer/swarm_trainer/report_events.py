@@ -1,0 +1,44 @@
+"""The job events that rank 0's progress and evaluation reports become.
+
+One reader of ``swarm_trainer.reports`` beside ``job_trace`` (spans) and ``metrics``
+(Prometheus). A committed checkpoint's event is the attempt's to send (once Ray committed it:
+``Attempt._announce_checkpoint``), as are ``started`` and the terminal events, which go out
+whether or not rank 0 got to report.
+"""
+
+from __future__ import annotations
+
+from swarm_contracts.evals import EvalResult
+from swarm_contracts.events import Progress, Validated
+from swarm_contracts.methods import PreferenceMetrics
+from swarm_contracts.workers import Assignment
+from swarm_trainer import reports
+
+
+def job_event(job: Assignment, report: reports.Report) -> Progress | Validated | None:
+    """The event ``report`` of ``job``'s attempt becomes, if any."""
+    match report:
+        case reports.Progress():
+            return Progress(
+                job_id=job.job_id,
+                attempt=job.attempt,
+                step=report.step,
+                max_steps=report.max_steps,
+                loss=report.loss,
+                lr=report.lr,
+                tokens_per_s=report.tokens_per_s,
+                elapsed_s=report.elapsed_s,
+                tokens=round(report.tokens_per_s * report.step_s),
+                preference=PreferenceMetrics.of(report.metrics),
+            )
+        case reports.Validated():
+            return Validated(
+                job_id=job.job_id,
+                attempt=job.attempt,
+                step=report.step,
+                eval_loss=report.eval_loss,
+                perplexity=report.perplexity,
+                evals=EvalResult.model_validate_json(report.evals) if report.evals else None,
+                preference=PreferenceMetrics.of(report.metrics),
+            )
+    return None
