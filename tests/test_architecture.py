@@ -116,7 +116,7 @@ def test_service_package(name: str) -> None:
     assert (ROOT / "services" / name / f"swarm_{name}" / "__main__.py").is_file()
 
 
-@pytest.mark.parametrize("name", [*SERVICES, "libs/contracts", "libs/runtime", "sdk"])
+@pytest.mark.parametrize("name", [*SERVICES, "libs/common/contracts", "libs/common/runtime", "sdk"])
 def test_only_ml_services_depend_on_heavy_ml(name: str) -> None:
     base = ROOT / (name if "/" in name or name == "sdk" else f"services/{name}")
     names = {n.replace("-", "_") for n in requirement_names(base / "pyproject.toml")}
@@ -126,8 +126,17 @@ def test_only_ml_services_depend_on_heavy_ml(name: str) -> None:
         assert not names & HEAVY, f"{name} must stay light but depends on {names & HEAVY}"
 
 
+def test_shared_code_lives_under_libs_common() -> None:
+    """The design's layout: the two shared packages, and nothing else, under ``libs/common/``."""
+    assert sorted(p.name for p in (ROOT / "libs").iterdir()) == ["common"]
+    packages = sorted(p.parent.name for p in (ROOT / "libs" / "common").glob("*/pyproject.toml"))
+    assert packages == ["contracts", "runtime"]
+
+
 def test_contracts_depend_on_pydantic_only() -> None:
-    assert requirement_names(ROOT / "libs" / "contracts" / "pyproject.toml") == ["pydantic"]
+    assert requirement_names(ROOT / "libs" / "common" / "contracts" / "pyproject.toml") == [
+        "pydantic"
+    ]
 
 
 def test_sdk_depends_on_contracts_not_runtime() -> None:
@@ -160,7 +169,7 @@ def test_contracts_import_pydantic_and_the_standard_library_only() -> None:
     allowed = set(sys.stdlib_module_names) | {"pydantic", "swarm_contracts", "__future__"}
     bad = {
         path: sorted(mods - allowed)
-        for path, mods in imported_modules(ROOT / "libs" / "contracts").items()
+        for path, mods in imported_modules(ROOT / "libs" / "common" / "contracts").items()
         if mods - allowed
     }
     assert not bad, f"swarm_contracts is pydantic only: {bad}"
@@ -168,7 +177,7 @@ def test_contracts_import_pydantic_and_the_standard_library_only() -> None:
 
 def test_runtime_imports_no_service_and_no_heavy_ml() -> None:
     forbidden = {f"swarm_{s}" for s in SERVICES} | HEAVY | {"swarm"}
-    bad = offending(ROOT / "libs" / "runtime", forbidden)
+    bad = offending(ROOT / "libs" / "common" / "runtime", forbidden)
     assert not bad, bad
 
 
@@ -237,8 +246,8 @@ def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 PACKAGES = [
     *(ROOT / "services" / s / f"swarm_{s}" for s in SERVICES),
-    ROOT / "libs" / "contracts" / "swarm_contracts",
-    ROOT / "libs" / "runtime" / "swarm_runtime",
+    ROOT / "libs" / "common" / "contracts" / "swarm_contracts",
+    ROOT / "libs" / "common" / "runtime" / "swarm_runtime",
     ROOT / "sdk" / "swarm",
 ]
 
@@ -258,7 +267,7 @@ def test_an_import_circle_is_found() -> None:
 # Job events and job states share names (an event is often named for the state it leaves).
 LIFECYCLE_NAMES = frozenset(JOB_EVENTS) | {s.value for s in JobState}
 # Everything but the contracts, which say it, and the tests, which check it.
-MEANING_USERS = ("services", "sdk", "libs/runtime", "tools", "bench")
+MEANING_USERS = ("services", "sdk", "libs/common/runtime", "tools", "bench")
 JS_STRING_LIST = re.compile(
     r"""\[\s*((?:"[^"]*"|'[^']*')(?:\s*,\s*(?:"[^"]*"|'[^']*'))+)\s*,?\s*\]"""
 )
@@ -360,7 +369,7 @@ def settings_read(package: Path) -> set[str]:
 
 def test_each_setting_is_declared_once_in_the_room_of_who_reads_it() -> None:
     shared = set(Settings.model_fields)
-    runtime_reads = settings_read(ROOT / "libs" / "runtime" / "swarm_runtime")
+    runtime_reads = settings_read(ROOT / "libs" / "common" / "runtime" / "swarm_runtime")
     reads = {s: settings_read(ROOT / "services" / s / f"swarm_{s}") for s in SERVICES}
     declared: dict[str, str] = {}
     for service in SERVICES:
@@ -436,7 +445,7 @@ def test_sdk_installs_without_the_runtime(tmp_path: Path) -> None:
             "install",
             "-q",
             "--disable-pip-version-check",
-            str(ROOT / "libs" / "contracts"),
+            str(ROOT / "libs" / "common" / "contracts"),
             str(ROOT / "sdk"),
         ],
         check=True,

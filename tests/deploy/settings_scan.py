@@ -24,7 +24,7 @@ FIELD_INFO = {
     for name, info in cls.model_fields.items()
 }
 FIELDS = set(FIELD_INFO)
-PACKAGE_ROOTS = {"swarm_runtime": ROOT / "libs" / "runtime" / "swarm_runtime"}
+PACKAGE_ROOTS = {"swarm_runtime": ROOT / "libs" / "common" / "runtime" / "swarm_runtime"}
 
 
 def module_file(module: str, roots: dict[str, Path]) -> Path | None:

@@ -307,9 +307,9 @@ def test_dockerfile(name: str) -> None:
     assert instructions[0] == ("ARG", "BASE_IMAGE=python:3.11-slim"), "ARG before FROM"
 
     runs = [args for word, args in instructions if word == "RUN"]
-    install = next((r for r in runs if "./libs/runtime" in r and "pip install" in r), None)
-    assert install, "must pip install ./libs/contracts ./libs/runtime"
-    assert "./libs/contracts" in install
+    install = next((r for r in runs if "./libs/common/runtime" in r and "pip install" in r), None)
+    assert install, "must pip install ./libs/common/contracts ./libs/common/runtime"
+    assert "./libs/common/contracts" in install
     assert f"./services/{name}" in install
     assert "--no-cache-dir" in install
 
