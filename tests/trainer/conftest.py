@@ -121,13 +121,19 @@ def make_assignment(
     lora: dict[str, Any] | None = None,
     resources: dict[str, Any] | None = None,
     method: dict[str, Any] | None = None,
+    frame_bytes: int = FRAME_BYTES,
 ) -> Assignment:
     """A job on the arithmetic set: prompt/completion examples, or with a DPO ``method`` the
-    same prompts with the right sum chosen over a wrong one."""
+    same prompts with the right sum chosen over a wrong one. ``frame_bytes``: the dataset's
+    frames (small ones: a dataset of many frames, which the ranks shard by frame and stream
+    across)."""
     dpo = method is not None and method.get("type") == "dpo"
     records = preference_records() if dpo else arithmetic_records()
     dataset = put_dataset(
-        store, records, dataset_format="preference" if dpo else "prompt_completion"
+        store,
+        records,
+        dataset_format="preference" if dpo else "prompt_completion",
+        frame_bytes=frame_bytes,
     )
     spec = JobSpec.model_validate(
         {

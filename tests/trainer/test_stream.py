@@ -283,7 +283,7 @@ def test_another_number_of_workers_is_refused(tmp_path: Path) -> None:
     assert load_position(tmp_path, 1, 2, 8) == Position(0, 2, 0)
     with pytest.raises(ResumeMismatch, match="saved by 2 workers and this run has 3"):
         load_position(tmp_path, 2, 3, 8)
-    with pytest.raises(ResumeMismatch, match="saved by 2 workers and this run has 1"):
+    with pytest.raises(ResumeMismatch, match="saved by 2 workers and this run has 1:"):
         load_position(tmp_path, 0, 1, 8)
     assert load_position(tmp_path / "nothing", 0, 1, 8) is None
 

@@ -477,6 +477,17 @@ def save_position(directory: Path, rank: int, world: int, index: int, at: Positi
     (directory / position_file(rank)).write_text(json.dumps(body))
 
 
+def _other_world(saved: int, world: int) -> ResumeMismatch:
+    def workers(n: int) -> str:
+        return f"{n} worker{'' if n == 1 else 's'}"
+
+    return ResumeMismatch(
+        f"the checkpoint was saved by {workers(saved)} and this run has {world}: a streamed "
+        "dataset is sharded by the number of workers, so a run resumes with the number it "
+        "started with (resources.workers)"
+    )
+
+
 def load_position(directory: Path, rank: int, world: int, index: int) -> Position | None:
     """Where this rank's stream was at micro-batch ``index`` when the checkpoint was saved;
     None for a checkpoint from before positions were saved (the stream then counts its way
@@ -486,18 +497,10 @@ def load_position(directory: Path, rank: int, world: int, index: int) -> Positio
     if not path.is_file():
         if not saved:
             return None
-        raise ResumeMismatch(
-            f"the checkpoint was saved by {len(saved)} workers and this run has {world}: "
-            "a streamed dataset is sharded by the number of workers, so a run resumes with "
-            "the number it started with (resources.workers)"
-        )
+        raise _other_world(len(saved), world)
     body = json.loads(path.read_text())
     if int(body["world"]) != world:
-        raise ResumeMismatch(
-            f"the checkpoint was saved by {body['world']} workers and this run has {world}: "
-            "a streamed dataset is sharded by the number of workers, so a run resumes with "
-            "the number it started with (resources.workers)"
-        )
+        raise _other_world(int(body["world"]), world)
     if int(body["data_index"]) != index:
         raise ResumeMismatch(
             f"the checkpoint's data position is for micro-batch {body['data_index']}, "
