@@ -21,7 +21,7 @@ steps. Per rank:
 Each streamed size runs twice: **cold** (the token cache empty: the ranks tokenize their
 frames while they train, and fill it) and **warm** (a later job: every frame from the cache).
 
-    .venv/bin/python bench/data_streaming.py [--sizes 100M,1G,4G] [--steps 60] [--dir DIR]
+    .venv/bin/python bench/data_streaming.py [--sizes 100M,1G,4G] [--steps 300] [--dir DIR]
 
 Generated data stays in ``--dir`` (default a temp dir) and is reused by a later run.
 """
@@ -119,6 +119,7 @@ class RankResult:
     tokens_per_s: float
     bytes_read: int
     stored_bytes: int
+    jsonl_bytes: int
     packing: float
     cache_hits: int
 
@@ -217,6 +218,7 @@ def run_rank(args: dict[str, Any], rank: int, out: Any) -> None:
             tokens_per_s=timed_tokens / max(elapsed, 1e-9),
             bytes_read=bytes_read(),
             stored_bytes=store.size(info.store_key),
+            jsonl_bytes=info.bytes,
             packing=real / max(capacity, 1),
             cache_hits=hits(),
         )
@@ -253,8 +255,8 @@ def run(args: dict[str, Any]) -> list[RankResult]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="100M,1G,4G")
-    parser.add_argument("--steps", type=int, default=60)
-    parser.add_argument("--untimed", type=int, default=10)
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--untimed", type=int, default=20)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seq-len", type=int, default=256)
     parser.add_argument("--dir", type=Path, default=None)
@@ -302,9 +304,9 @@ def main() -> None:
 def print_table(rows: list[RankResult]) -> None:
     print(
         "| path | dataset | peak RSS per rank (MB) | time to first step (s) | tokens/s per rank "
-        "| bytes read per rank / stored | packing |"
+        "| bytes read per rank / stored (zstd) | / JSONL | packing |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     groups: dict[tuple[str, int], list[RankResult]] = {}
     for r in rows:
         groups.setdefault((r.path, r.size), []).append(r)
@@ -313,9 +315,10 @@ def print_table(rows: list[RankResult]) -> None:
         first = " / ".join(f"{r.first_step_s:.1f}" for r in ranks)
         tps = " / ".join(f"{r.tokens_per_s:.0f}" for r in ranks)
         read = " / ".join(f"{r.bytes_read / r.stored_bytes:.3f}" for r in ranks)
+        jsonl = " / ".join(f"{r.bytes_read / r.jsonl_bytes:.3f}" for r in ranks)
         packing = statistics.mean(r.packing for r in ranks)
         label = f"{size / 1e9:.1f} GB" if size >= 10**9 else f"{size / 1e6:.0f} MB"
-        print(f"| {path} | {label} | {rss} | {first} | {tps} | {read} | {packing:.3f} |")
+        print(f"| {path} | {label} | {rss} | {first} | {tps} | {read} | {jsonl} | {packing:.3f} |")
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -17,7 +18,7 @@ from swarm_contracts.layout import TOKEN_LAYOUT, join_key, token_frame_key
 from swarm_runtime.dataset_codec import CorruptDataset
 from swarm_runtime.dataset_frames import DatasetFrames, ZstdFrames, open_frames
 from swarm_runtime.store import LocalStore
-from swarm_trainer.data import Batch, DatasetError
+from swarm_trainer.data import IGNORE_INDEX, Batch, DatasetError, Example
 from swarm_trainer.methods import Dpo, Method, Sft
 from swarm_trainer.methods.dpo import PairBatch
 from swarm_trainer.stream import (
@@ -32,7 +33,14 @@ from swarm_trainer.stream import (
     source_id,
     validation_examples,
 )
-from swarm_trainer.token_cache import TokenCache, tokenizer_digest
+from swarm_trainer.token_cache import (
+    CorruptTokens,
+    FrameTokens,
+    TokenCache,
+    decode_frame,
+    encode_frame,
+    tokenizer_digest,
+)
 
 from .conftest import put_dataset
 
@@ -365,3 +373,35 @@ def test_a_dpo_stream_gives_every_pair_once_per_epoch_in_pair_batches(
     assert same([later.batch(i) for i in range(12)], first)
     assert setup.opened == opened
     later.close()
+
+
+def test_a_frame_file_holds_exactly_its_tokens_and_says_whose_it_is() -> None:
+    examples = [
+        Example([1, 2, 70_000], [IGNORE_INDEX, 2, 70_000]),
+        None,  # nothing to learn from: kept, empty
+        Example([5, 6], [5, IGNORE_INDEX]),
+    ]
+    tokens = FrameTokens.of(examples)
+    assert tokens.input_ids.dtype == np.int32  # an id past 16 bits
+    assert FrameTokens.of(examples[1:]).input_ids.dtype == np.uint16
+    data = encode_frame(tokens, {"frame": "3"})
+    back = decode_frame(data, {"frame": "3"})
+    assert back.records == 3
+    assert back.length(1) == 0
+    assert back.examples(0, 9) == (Example([1, 2, 70_000], [IGNORE_INDEX, 2, 70_000], 9),)
+    assert back.examples(2, 11) == (Example([5, 6], [5, IGNORE_INDEX], 11),)
+    with pytest.raises(CorruptTokens, match="another one's"):
+        decode_frame(data, {"frame": "4"})
+    with pytest.raises(CorruptTokens, match="does not decode"):
+        decode_frame(data[:-10], {"frame": "3"})
+    # A label that is neither its token nor ignored cannot be kept as a mask: refused.
+    with pytest.raises(ValueError, match="mask"):
+        FrameTokens.of([Example([1, 2], [1, 3])])
+    # Records of two sequences (a DPO pair's): both kept, in order, the empty one's too.
+    paired = FrameTokens.of([*examples, Example([7], [7])], sequences=2)
+    assert paired.records == 2
+    assert paired.length(0) == 3
+    back = decode_frame(encode_frame(paired, {"frame": "3"}), {"frame": "3"}, sequences=2)
+    assert back.examples(1, 5) == (Example([5, 6], [5, IGNORE_INDEX], 5), Example([7], [7], 5))
+    with pytest.raises(CorruptTokens, match="do not fit"):
+        decode_frame(encode_frame(tokens, {"frame": "3"}), {"frame": "3"}, sequences=2)

@@ -132,20 +132,19 @@ class FrameSource:
         self._open_raw = open_raw
         self._raw: DatasetFrames | None = None
         self._lock = threading.Lock()
-        layout = cache.layout()
-        self.cached = layout is not None  # the entry was there before this run
-        if layout is None:
+        self._known = cache.layout()
+        self.cached = self._known is not None  # the entry was there before this run
+        if self._known is None:
             raw = self.raw()
-            layout = Layout(raw.count, raw.layout)
-            cache.put_layout(layout)
-        self.layout = layout
-        self.count = layout.frames
+            self._known = Layout(raw.count, raw.layout)
+            cache.put_layout(self._known)
+        self.count = self._known.frames
 
     def raw(self) -> DatasetFrames:
         with self._lock:
             if self._raw is None:
                 raw = self._open_raw()
-                known = getattr(self, "layout", None)
+                known = self._known
                 if known is not None and (raw.count, raw.layout) != (known.frames, known.cut):
                     raise DatasetError(
                         f"the token cache {self.cache.prefix} was cut into {known.frames} "

@@ -113,25 +113,28 @@ class FrameTokens:
         ``None``: a record's with nothing to learn from (kept, empty, so indices line up)."""
         if len(examples) % sequences:
             raise ValueError(f"{len(examples)} sequences are not records of {sequences}")
-        ids: list[int] = []
-        trained: list[int] = []
+        ids: list[np.ndarray] = []
+        trained: list[np.ndarray] = []
         offsets = [0]
         for e in examples:
             if e is not None:
-                for token, label in zip(e.input_ids, e.labels, strict=True):
-                    if label not in (token, IGNORE_INDEX):
-                        raise ValueError(
-                            "the token cache keeps labels as a mask over the input ids: "
-                            f"label {label} at token {token} is neither"
-                        )
-                ids.extend(e.input_ids)
-                trained.extend(int(label != IGNORE_INDEX) for label in e.labels)
-            offsets.append(len(ids))
+                tokens = np.asarray(e.input_ids, dtype=np.int64)
+                labels = np.asarray(e.labels, dtype=np.int64)
+                target = labels != IGNORE_INDEX
+                if not np.array_equal(labels[target], tokens[target]):
+                    raise ValueError(
+                        "the token cache keeps labels as a mask over the input ids: an "
+                        "example has a label that is neither its token nor ignored"
+                    )
+                ids.append(tokens)
+                trained.append(target)
+            offsets.append(offsets[-1] + (len(e.input_ids) if e is not None else 0))
+        all_ids = np.concatenate(ids) if ids else np.zeros(0, dtype=np.int64)
         # Most vocabularies fit 16 bits: half the bytes to store, to read and to decompress.
-        small = not ids or max(ids) < 2**16
+        small = len(all_ids) == 0 or int(all_ids.max()) < 2**16
         return cls(
-            np.asarray(ids, dtype=np.uint16 if small else np.int32),
-            np.asarray(trained, dtype=np.uint8),
+            all_ids.astype(np.uint16 if small else np.int32),
+            (np.concatenate(trained) if trained else np.zeros(0, dtype=bool)).astype(np.uint8),
             np.asarray(offsets, dtype=np.int64),
             sequences,
         )
