@@ -18,11 +18,12 @@ from swarm_contracts.layout import TOKEN_LAYOUT, join_key, token_frame_key
 from swarm_runtime.dataset_codec import CorruptDataset
 from swarm_runtime.dataset_frames import DatasetFrames, ZstdFrames, open_frames
 from swarm_runtime.store import LocalStore
-from swarm_trainer.data import IGNORE_INDEX, Batch, DatasetError, Example
+from swarm_trainer.data import IGNORE_INDEX, Batch, DatasetError, Example, split_holdout
 from swarm_trainer.methods import Dpo, Method, Sft
 from swarm_trainer.methods.dpo import PairBatch
 from swarm_trainer.stream import (
     FrameSource,
+    FrameSplit,
     Holdout,
     Position,
     ResumeMismatch,
@@ -405,3 +406,14 @@ def test_a_frame_file_holds_exactly_its_tokens_and_says_whose_it_is() -> None:
     assert back.examples(1, 5) == (Example([5, 6], [5, IGNORE_INDEX], 5), Example([7], [7], 5))
     with pytest.raises(CorruptTokens, match="do not fit"):
         decode_frame(encode_frame(tokens, {"frame": "3"}), {"frame": "3"}, sequences=2)
+
+
+def test_a_one_frame_dataset_is_held_out_as_before_streaming() -> None:
+    """Frame 0 is split with the job's own seeds, as the whole dataset was: evals first
+    (seed + 1), then validation from the rest (seed)."""
+    records = list(range(40))
+    rest, evals = split_holdout(records, 0.2, 8)
+    train, val = split_holdout(rest, 0.1, 7)
+    assert Holdout(0.1, 0.2, 7).split(40, 0) == FrameSplit(train, val, evals)
+    # Other frames draw their own.
+    assert Holdout(0.1, 0.2, 7).split(40, 1) != FrameSplit(train, val, evals)
