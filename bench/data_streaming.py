@@ -12,16 +12,25 @@ all-reduce (no process group): what is measured is each rank's data path under i
 steps. Per rank:
 
 * peak RSS (``ru_maxrss``, with torch and the model: the same for every path);
-* time to first step: from the rank's start (imports done) to its first step's end;
+* time to first step: from the rank's start (imports done) to its first step's end, and of
+  that the data's part: from setting the data up to the first micro-batch;
 * tokens/s: real tokens of the steps after the first ``--untimed``, over their wall time;
-* bytes read from the store (the dataset's and the token cache's), against the dataset's
-  stored size;
+* bytes read from the store (the dataset's and the token cache's) over the run, against the
+  dataset's stored size; with ``--epoch``, also over a whole epoch (after the timed steps the
+  rank reads on to the end of its first epoch, without training), and the share of the
+  stored bytes its frames are;
 * packing: real tokens / packed row capacity, over the steps.
 
 Each streamed size runs twice: **cold** (the token cache empty: the ranks tokenize their
-frames while they train, and fill it) and **warm** (a later job: every frame from the cache).
+frames while they train, and fill it) and **warm** (a later job: every frame from the cache);
+``--repeats N`` runs the pair N times, and the table gives each rank's medians.
+The in-memory path runs last, on the first size only: it loads as before, then trains in
+rounds alternating ``--round`` steps from its in-memory batches and as many from the (warm)
+stream, in the same process and under the same load, which is what its tokens/s ratio is of
+(the first round not counted).
 
-    .venv/bin/python bench/data_streaming.py [--sizes 100M,1G,4G] [--steps 300] [--dir DIR]
+    .venv/bin/python bench/data_streaming.py [--sizes 100M,1G,4G] [--steps 300] [--epoch]
+        [--repeats 3] [--dir DIR]
 
 Generated data stays in ``--dir`` (default a temp dir) and is reused by a later run.
 """
@@ -114,115 +123,166 @@ class RankResult:
     path: str
     size: int
     rank: int
-    peak_rss_mb: float
-    first_step_s: float
-    tokens_per_s: float
-    bytes_read: int
     stored_bytes: int
-    jsonl_bytes: int
-    packing: float
-    cache_hits: int
+    jsonl_bytes: int = 0
+    peak_rss_mb: float = 0.0
+    first_step_s: float = 0.0  # from the rank's start (the model's load included)
+    first_batch_s: float = 0.0  # from the data's set-up to the first micro-batch
+    tokens_per_s: float = 0.0
+    bytes_read: int = 0  # from the store, over the timed steps
+    packing: float = 0.0
+    cache_hits: int = 0
+    share: float = 1.0  # of the stored bytes: the rank's frames (1: the in-memory path)
+    epoch_bytes_read: int | None = None  # to the end of the first epoch (``--epoch``)
+    stream_tokens_per_s: float | None = None  # interleaved with the in-memory path
 
 
-def run_rank(args: dict[str, Any], rank: int, out: Any) -> None:
-    """One rank, in its own process: set up as ``recipe.load_data`` does, then train."""
-    import torch
+class Rank:
+    """One rank, in its own process: its data set up as ``recipe.load_data`` does (or as every
+    rank did before streaming), the tiny model, an optimizer."""
 
-    from swarm_contracts.datasets import DatasetInfo
-    from swarm_runtime.dataset_frames import open_frames
-    from swarm_runtime.store import LocalStore
-    from swarm_trainer.data import BatchSampler, encode_example, read_jsonl, shard, tokenize
-    from swarm_trainer.step import make_optimizer, train_step
-    from swarm_trainer.stream import FrameSource, Holdout, Share, TrainStream
-    from swarm_trainer.token_cache import TokenCache, tokenizer_digest
+    def __init__(self, args: dict[str, Any], rank: int) -> None:
+        import torch
 
-    torch.set_num_threads(1)
-    started = time.monotonic()
-    model_dir = Path(args["model_dir"])
-    model, tokenizer = load_model(model_dir)
-    info = DatasetInfo.model_validate(args["info"])
-    store = LocalStore(Path(args["store"]))
-    seq_len, batch = args["seq_len"], args["batch"]
-    bytes_read: Any
-    if args["path"] == "in-memory":
-        local = Path(args["work"]) / f"r{rank}.jsonl"
+        from swarm_contracts.datasets import DatasetInfo
+        from swarm_runtime.store import LocalStore
+        from swarm_trainer.step import make_optimizer
+
+        torch.set_num_threads(1)
+        self.started = time.monotonic()
+        self.args, self.rank = args, rank
+        self.cpu = torch.device("cpu")
+        self.model_dir = Path(args["model_dir"])
+        self.model, self.tokenizer = load_model(self.model_dir)
+        self.info = DatasetInfo.model_validate(args["info"])
+        self.store = LocalStore(Path(args["store"]))
+        self.stored = self.store.size(self.info.store_key)
+        params = (p for p in self.model.parameters() if p.requires_grad)
+        self.optimizer = make_optimizer(params, 1e-4, self.cpu)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda _: 1.0)
+
+    def in_memory(self) -> Any:
+        """The whole dataset read, parsed and this rank's shard tokenized, as before."""
         from swarm_runtime.dataset_codec import fetch_jsonl
+        from swarm_trainer.data import BatchSampler, read_jsonl, shard, tokenize
 
-        fetch_jsonl(store, info.store_key, local)
+        local = Path(self.args["work"]) / f"r{self.rank}.jsonl"
+        fetch_jsonl(self.store, self.info.store_key, local)
         records = read_jsonl(local)
-        mine = shard(range(len(records)), rank, WORLD)
-        examples = tokenize([records[i] for i in mine], tokenizer, seq_len, mine)
+        mine = shard(range(len(records)), self.rank, WORLD)
+        examples = tokenize([records[i] for i in mine], self.tokenizer, self.args["seq_len"], mine)
         del records
-        sampler: Any = BatchSampler(examples, batch, 0, SEED + rank, pack_to=seq_len)
+        return BatchSampler(examples, self.args["batch"], 0, SEED + self.rank, self.args["seq_len"])
 
-        def bytes_read() -> int:
-            return store.size(info.store_key)
+    def streamed(self) -> Any:
+        """This rank's share, streamed through the token cache."""
+        from swarm_runtime.dataset_frames import open_frames
+        from swarm_trainer.data import encode_example
+        from swarm_trainer.stream import FrameSource, Holdout, Share, TrainStream
+        from swarm_trainer.token_cache import TokenCache, tokenizer_digest
 
-        hits = lambda: 0  # noqa: E731
-    else:
+        seq_len = self.args["seq_len"]
         cache = TokenCache.of(
-            store,
-            info,
-            tokenizer_digest(model_dir),
+            self.store,
+            self.info,
+            tokenizer_digest(self.model_dir),
             seq_len,
             "sft1",
-            Path(args["work"]) / f"tokens-r{rank}",
+            Path(self.args["work"]) / f"tokens-r{self.rank}",
             writable=True,
         )
 
         def raw() -> Any:
-            frames = open_frames(store, info.store_key)
-            assert frames is not None
-            return frames
+            return open_frames(self.store, self.info.store_key)
 
-        encode = functools.partial(encode_example, tokenizer=tokenizer, seq_len=seq_len)
+        encode = functools.partial(encode_example, tokenizer=self.tokenizer, seq_len=seq_len)
         source = FrameSource(cache, encode, raw)
-        share = Share.of(source.count, rank, WORLD)
+        share = Share.of(source.count, self.rank, WORLD)
         holdout = Holdout(val_fraction=0.0, eval_fraction=None, seed=SEED)
-        sampler = TrainStream(source, share, holdout, batch, 0, SEED + rank, pack_to=seq_len)
+        batch = self.args["batch"]
+        return TrainStream(source, share, holdout, batch, 0, SEED + self.rank, pack_to=seq_len)
 
-        def bytes_read() -> int:
-            return source.bytes_read
+    def step(self, batch: Any) -> int:
+        from swarm_trainer.step import train_step
 
-        def hits() -> int:
-            return cache.hits
+        out = train_step(self.model, [batch], self.optimizer, self.scheduler, 1.0, self.cpu)
+        return int(out.tokens)
 
-    cpu = torch.device("cpu")
-    optimizer = make_optimizer((p for p in model.parameters() if p.requires_grad), 1e-4, cpu)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
-    first_step = 0.0
-    timed_tokens, timed_from = 0, 0.0
-    real = capacity = 0
-    for step in range(args["steps"]):
-        b = sampler.batch(step)
-        real += b.tokens
-        capacity += b.inputs["input_ids"].numel()
-        result = train_step(model, [b], optimizer, scheduler, 1.0, cpu, False)
-        if step == 0:
-            first_step = time.monotonic() - started
-        if step == args["untimed"] - 1:
-            timed_from = time.monotonic()
-        elif step >= args["untimed"]:
-            timed_tokens += result.tokens
-    elapsed = time.monotonic() - timed_from
-    if hasattr(sampler, "close"):
-        sampler.close()
-    peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    out.put(
-        RankResult(
-            path=args["path"],
-            size=args["size"],
-            rank=rank,
-            peak_rss_mb=peak_kb / 1024,
-            first_step_s=first_step,
-            tokens_per_s=timed_tokens / max(elapsed, 1e-9),
-            bytes_read=bytes_read(),
-            stored_bytes=store.size(info.store_key),
-            jsonl_bytes=info.bytes,
-            packing=real / max(capacity, 1),
-            cache_hits=hits(),
-        )
-    )
+    def steps(self, sampler: Any, result: RankResult) -> None:
+        """The timed run: time to first step, tokens/s after ``untimed``, packing."""
+        timed_tokens, timed_from = 0, 0.0
+        real = capacity = 0
+        for step in range(self.args["steps"]):
+            b = sampler.batch(step)
+            if step == 0:
+                result.first_batch_s = time.monotonic() - self.data_started
+            real += b.tokens
+            capacity += b.inputs["input_ids"].numel()
+            tokens = self.step(b)
+            if step == 0:
+                result.first_step_s = time.monotonic() - self.started
+            if step == self.args["untimed"] - 1:
+                timed_from = time.monotonic()
+            elif step >= self.args["untimed"]:
+                timed_tokens += tokens
+        result.tokens_per_s = timed_tokens / max(time.monotonic() - timed_from, 1e-9)
+        result.packing = real / max(capacity, 1)
+
+    def interleaved(self, sampler: Any, result: RankResult) -> None:
+        """Rounds of in-memory and streamed (warm) steps in turn, the first round uncounted:
+        the two paths' tokens/s under the same load."""
+        stream = self.streamed()
+        paths = {"memory": sampler, "stream": stream}
+        index = {"memory": self.args["steps"], "stream": 0}
+        totals = {"memory": [0.0, 0.0], "stream": [0.0, 0.0]}
+        for round_ in range(self.args["rounds"] + 1):
+            for name, source in paths.items():
+                began, tokens = time.monotonic(), 0
+                for _ in range(self.args["round"]):
+                    tokens += self.step(source.batch(index[name]))
+                    index[name] += 1
+                if round_ > 0:
+                    totals[name][0] += tokens
+                    totals[name][1] += time.monotonic() - began
+        stream.close()
+        result.tokens_per_s = totals["memory"][0] / totals["memory"][1]
+        result.stream_tokens_per_s = totals["stream"][0] / totals["stream"][1]
+
+    def run(self) -> RankResult:
+        from swarm_runtime.dataset_frames import ZstdFrames, open_frames
+
+        path = self.args["path"]
+        result = RankResult(path, self.args["size"], self.rank, stored_bytes=self.stored)
+        result.jsonl_bytes = self.info.bytes
+        self.data_started = time.monotonic()
+        if path == "in-memory":
+            sampler = self.in_memory()
+            self.steps(sampler, result)
+            result.bytes_read = self.stored  # the whole object, on every rank
+            self.interleaved(sampler, result)
+        else:
+            stream = self.streamed()
+            frames = open_frames(self.store, self.info.store_key)
+            assert isinstance(frames, ZstdFrames)
+            mine = sum(frames.frames[i].size for i in stream.share.frames)
+            result.share = mine / self.stored
+            self.steps(stream, result)
+            result.bytes_read = stream.source.bytes_read
+            result.cache_hits = stream.source.cache.hits
+            if self.args["epoch"]:
+                # On to the end of the first epoch, without training: what a whole epoch reads.
+                index = self.args["steps"]
+                while stream.position(index).epoch == 0:
+                    stream.batch(index)
+                    index += 1
+                result.epoch_bytes_read = stream.source.bytes_read
+            stream.close()
+        result.peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        return result
+
+
+def run_rank(args: dict[str, Any], rank: int, out: Any) -> None:
+    out.put(Rank(args, rank).run())
 
 
 def load_model(model_dir: Path) -> tuple[Any, Any]:
@@ -261,6 +321,12 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=256)
     parser.add_argument("--dir", type=Path, default=None)
     parser.add_argument("--no-baseline", action="store_true", help="skip the in-memory path")
+    parser.add_argument(
+        "--epoch", action="store_true", help="the first size's first runs read a whole epoch"
+    )
+    parser.add_argument("--repeats", type=int, default=1, help="runs of each streamed path")
+    parser.add_argument("--rounds", type=int, default=6, help="in-memory vs stream rounds")
+    parser.add_argument("--round", type=int, default=20, help="steps per path and round")
     opts = parser.parse_args()
     root = opts.dir or Path(tempfile.mkdtemp(prefix="swarm-bench-data-"))
     root.mkdir(parents=True, exist_ok=True)
@@ -275,11 +341,12 @@ def main() -> None:
         t = time.monotonic()
         store_root, info = make_dataset(root, size)
         print(f"dataset {size / 1e6:.0f} MB ready ({time.monotonic() - t:.0f} s)", file=sys.stderr)
-        shutil.rmtree(store_root / "tokens", ignore_errors=True)  # a cold token cache
-        paths = ["streamed-cold", "streamed-warm"]
+        paths = ["streamed-cold", "streamed-warm"] * opts.repeats
         if i == 0 and not opts.no_baseline:
-            paths = ["in-memory", *paths]
-        for path in paths:
+            paths.append("in-memory")
+        for n, path in enumerate(paths):
+            if path == "streamed-cold":
+                shutil.rmtree(store_root / "tokens", ignore_errors=True)  # a cold token cache
             work = Path(tempfile.mkdtemp(prefix="swarm-bench-work-", dir=root))
             args = {
                 "path": path,
@@ -292,6 +359,9 @@ def main() -> None:
                 "untimed": opts.untimed,
                 "batch": opts.batch,
                 "seq_len": opts.seq_len,
+                "epoch": opts.epoch and i == 0 and n < 2,
+                "rounds": opts.rounds,
+                "round": opts.round,
             }
             results = run(args)
             shutil.rmtree(work, ignore_errors=True)
@@ -302,23 +372,51 @@ def main() -> None:
 
 
 def print_table(rows: list[RankResult]) -> None:
+    """Per rank, the median over a path's repeats."""
     print(
-        "| path | dataset | peak RSS per rank (MB) | time to first step (s) | tokens/s per rank "
-        "| bytes read per rank / stored (zstd) | / JSONL | packing |"
+        "| path | dataset | runs | peak RSS per rank (MB) | time to first step (s) | of which "
+        "data (s) | tokens/s per rank | bytes read per rank / stored: the run | an epoch "
+        "| its frames | packing |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     groups: dict[tuple[str, int], list[RankResult]] = {}
     for r in rows:
         groups.setdefault((r.path, r.size), []).append(r)
-    for (path, size), ranks in groups.items():
-        rss = " / ".join(f"{r.peak_rss_mb:.0f}" for r in ranks)
-        first = " / ".join(f"{r.first_step_s:.1f}" for r in ranks)
-        tps = " / ".join(f"{r.tokens_per_s:.0f}" for r in ranks)
-        read = " / ".join(f"{r.bytes_read / r.stored_bytes:.3f}" for r in ranks)
-        jsonl = " / ".join(f"{r.bytes_read / r.jsonl_bytes:.3f}" for r in ranks)
-        packing = statistics.mean(r.packing for r in ranks)
-        label = f"{size / 1e9:.1f} GB" if size >= 10**9 else f"{size / 1e6:.0f} MB"
-        print(f"| {path} | {label} | {rss} | {first} | {tps} | {read} | {jsonl} | {packing:.3f} |")
+    for (path, size), runs in groups.items():
+
+        def each(value: Any, fmt: str, runs: list[RankResult] = runs) -> str:
+            found = []
+            for rank in range(WORLD):
+                values = [value(r) for r in runs if r.rank == rank and value(r) is not None]
+                found.append(format(statistics.median(values), fmt) if values else "-")
+            return " / ".join(found)
+
+        label = f"{size / 1e9:.0f} GB" if size >= 10**9 else f"{size / 1e6:.0f} MB"
+        epoch = each(
+            lambda r: None if r.epoch_bytes_read is None else r.epoch_bytes_read / r.stored_bytes,
+            ".3f",
+        )
+        cells = [
+            path,
+            label,
+            str(len(runs) // WORLD),
+            each(lambda r: r.peak_rss_mb, ".0f"),
+            each(lambda r: r.first_step_s, ".1f"),
+            each(lambda r: r.first_batch_s, ".2f"),
+            each(lambda r: r.tokens_per_s, ".0f"),
+            each(lambda r: r.bytes_read / r.stored_bytes, ".3f"),
+            epoch,
+            each(lambda r: r.share, ".3f"),
+            f"{statistics.mean(r.packing for r in runs):.3f}",
+        ]
+        print("| " + " | ".join(cells) + " |")
+    for r in rows:
+        if r.stream_tokens_per_s is not None:
+            ratio = r.stream_tokens_per_s / r.tokens_per_s
+            print(
+                f"\nrank {r.rank}, interleaved in one process: in-memory {r.tokens_per_s:.0f} "
+                f"tokens/s, streamed (warm) {r.stream_tokens_per_s:.0f} tokens/s: {ratio:.3f}"
+            )
 
 
 if __name__ == "__main__":
