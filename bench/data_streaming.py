@@ -38,7 +38,6 @@ Generated data stays in ``--dir`` (default a temp dir) and is reused by a later 
 from __future__ import annotations
 
 import argparse
-import functools
 import hashlib
 import json
 import multiprocessing
@@ -164,7 +163,8 @@ class Rank:
     def in_memory(self) -> Any:
         """The whole dataset read, parsed and this rank's shard tokenized, as before."""
         from swarm_runtime.dataset_codec import fetch_jsonl
-        from swarm_trainer.data import BatchSampler, read_jsonl, shard, tokenize
+        from swarm_trainer.data import BatchSampler, read_jsonl, shard
+        from swarm_trainer.methods.sft import tokenize
 
         local = Path(self.args["work"]) / f"r{self.rank}.jsonl"
         fetch_jsonl(self.store, self.info.store_key, local)
@@ -177,7 +177,7 @@ class Rank:
     def streamed(self) -> Any:
         """This rank's share, streamed through the token cache."""
         from swarm_runtime.dataset_frames import open_frames
-        from swarm_trainer.data import encode_example
+        from swarm_trainer.methods import Sft
         from swarm_trainer.stream import FrameSource, Holdout, Share, TrainStream
         from swarm_trainer.token_cache import TokenCache, tokenizer_digest
 
@@ -187,7 +187,7 @@ class Rank:
             self.info,
             tokenizer_digest(self.model_dir),
             seq_len,
-            "sft1",
+            Sft.encoding,
             Path(self.args["work"]) / f"tokens-r{self.rank}",
             writable=True,
         )
@@ -195,8 +195,7 @@ class Rank:
         def raw() -> Any:
             return open_frames(self.store, self.info.store_key)
 
-        encode = functools.partial(encode_example, tokenizer=self.tokenizer, seq_len=seq_len)
-        source = FrameSource(cache, encode, raw)
+        source = FrameSource(cache, Sft(), self.tokenizer, seq_len, raw)
         share = Share.of(source.count, self.rank, WORLD)
         holdout = Holdout(val_fraction=0.0, eval_fraction=None, seed=SEED)
         batch = self.args["batch"]
