@@ -274,11 +274,11 @@ def test_resume_mid_epoch_gives_the_same_batches(setup: Setup, tmp_path: Path) -
         replay.batch(i)
     saved = replay.position(at)
     assert saved.offset > 0
-    save_position(tmp_path, 0, 1, at, saved)
+    save_position(tmp_path, 0, 1, at, saved, setup.info.sha256)
     replay.close()
 
     resumed = setup.stream("b", batch_size=5, pack_to=SEQ_LEN)
-    resumed.seek(at, load_position(tmp_path, 0, 1, at))
+    resumed.seek(at, load_position(tmp_path, 0, 1, at, setup.info.sha256))
     assert same([resumed.batch(i) for i in range(at, total)], reference[at:])
     # A checkpoint from before positions were saved: counted from the start, same batches.
     counted = setup.stream("c", batch_size=5, pack_to=SEQ_LEN)
@@ -286,15 +286,18 @@ def test_resume_mid_epoch_gives_the_same_batches(setup: Setup, tmp_path: Path) -
     assert same([counted.batch(i) for i in range(at, total)], reference[at:])
 
 
-def test_another_number_of_workers_is_refused(tmp_path: Path) -> None:
-    save_position(tmp_path, 0, 2, 8, Position(0, 3, 1))
-    save_position(tmp_path, 1, 2, 8, Position(0, 2, 0))
-    assert load_position(tmp_path, 1, 2, 8) == Position(0, 2, 0)
+def test_another_number_of_workers_is_refused_another_dataset_counted(tmp_path: Path) -> None:
+    save_position(tmp_path, 0, 2, 8, Position(0, 3, 1), "sha-a")
+    save_position(tmp_path, 1, 2, 8, Position(0, 2, 0), "sha-a")
+    assert load_position(tmp_path, 1, 2, 8, "sha-a") == Position(0, 2, 0)
     with pytest.raises(ResumeMismatch, match="saved by 2 workers and this run has 3"):
-        load_position(tmp_path, 2, 3, 8)
+        load_position(tmp_path, 2, 3, 8, "sha-a")
     with pytest.raises(ResumeMismatch, match="saved by 2 workers and this run has 1:"):
-        load_position(tmp_path, 0, 1, 8)
-    assert load_position(tmp_path / "nothing", 0, 1, 8) is None
+        load_position(tmp_path, 0, 1, 8, "sha-a")
+    assert load_position(tmp_path / "nothing", 0, 1, 8, "sha-a") is None
+    # A fork that takes the training state on to other data: the saved place is another
+    # dataset's, so the stream counts its way to micro-batch 8 of its own.
+    assert load_position(tmp_path, 0, 1, 8, "sha-b") is None
 
 
 def test_a_damaged_dataset_is_a_clear_error(setup: Setup) -> None:

@@ -353,7 +353,9 @@ def resume(recipe: Recipe, earlier_attempt: ray.train.Checkpoint | None) -> Trai
             Path(d), recipe.model, recipe.optimizer, recipe.scheduler, recipe.sharding
         )
         load_rng(Path(d), recipe.rank)
-        position = load_position(Path(d), recipe.rank, recipe.world, state.data_index)
+        position = load_position(
+            Path(d), recipe.rank, recipe.world, state.data_index, recipe.job.dataset.sha256
+        )
     recipe.stream.seek(state.data_index, position)
     return state
 
@@ -525,6 +527,7 @@ def save_checkpoint(recipe: Recipe, state: TrainState, metrics: dict[str, float]
             recipe.world,
             state.data_index,
             recipe.stream.position(state.data_index),
+            recipe.job.dataset.sha256,
         )
         ray.train.report(
             metrics,

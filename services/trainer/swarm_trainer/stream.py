@@ -471,8 +471,11 @@ def position_file(rank: int) -> str:
     return f"data_rank{rank}.json"
 
 
-def save_position(directory: Path, rank: int, world: int, index: int, at: Position) -> None:
-    body = {"world": world, "data_index": index, **asdict(at)}
+def save_position(
+    directory: Path, rank: int, world: int, index: int, at: Position, dataset: str
+) -> None:
+    """``dataset``: the training set's sha256, whose stream ``at`` is a place in."""
+    body = {"world": world, "data_index": index, "dataset": dataset, **asdict(at)}
     (directory / position_file(rank)).write_text(json.dumps(body))
 
 
@@ -487,15 +490,21 @@ def _other_world(saved: int, world: int) -> ResumeMismatch:
     )
 
 
-def load_position(directory: Path, rank: int, world: int, index: int) -> Position | None:
-    """Where this rank's stream was at micro-batch ``index`` when the checkpoint was saved;
-    None for a checkpoint from before positions were saved (the stream then counts its way
-    there). ``ResumeMismatch`` when the checkpoint was saved by another number of ranks."""
+def load_position(
+    directory: Path, rank: int, world: int, index: int, dataset: str
+) -> Position | None:
+    """Where this rank's stream of ``dataset`` (its sha256) was at micro-batch ``index`` when
+    the checkpoint was saved; None for a checkpoint from before positions were saved, or one
+    saved on another dataset (a fork with ``from_checkpoint_optimizer`` that trains on other
+    data): the stream then counts its way there, as an in-memory sampler indexes its
+    examples. ``ResumeMismatch`` when the checkpoint was saved by another number of ranks."""
     path = directory / position_file(rank)
-    saved = sorted(p.name for p in directory.glob("data_rank*.json"))
+    saved = sorted(directory.glob("data_rank*.json"))
+    if not saved:
+        return None
+    if json.loads(saved[0].read_text()).get("dataset", dataset) != dataset:
+        return None
     if not path.is_file():
-        if not saved:
-            return None
         raise _other_world(len(saved), world)
     body = json.loads(path.read_text())
     if int(body["world"]) != world:
