@@ -69,6 +69,7 @@ bench: setup
 	$(PY) bench/inference.py --adapters 1 8 32 --requests 32 --tokens 16 --repeats 3 --threads 1
 	$(PY) bench/model_cache.py --repeats 3 --link-mbit 0 200
 	$(PY) bench/quality.py --repeats 3
+	$(PY) bench/data_streaming.py --sizes 100M,1G
 
 # Not part of `make test` (the first run builds every image): docker-compose.yml for real,
 # through podman, with images made offline from Debian packages; installs podman, runc,

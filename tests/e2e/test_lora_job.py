@@ -76,6 +76,13 @@ def test_a_job_trains_and_registers_an_adapter_with_its_lineage(stack: Stack, tm
     store = LocalStore(stack.local.store_dir)
     for name, sha in adapter.files.items():
         assert store.sha256(f"{adapter.store_key}/{name}") == sha
+    # The training set streamed from the store and was tokenized once: its token cache entry
+    # (the layout, and the frame the job tokenized) is there for the next job on it.
+    cached = store.list(f"tokens/default/{stack.train.sha256}/")
+    assert [key.rsplit("/", 1)[-1] for key in cached] == [
+        "frame-000000.safetensors.zst",
+        "layout.json",
+    ]
 
     # The adapter loads onto the base model with PEFT and changes what the model says.
     adapter_dir = tmp_path / "adapter"

@@ -13,6 +13,7 @@ import pytest
 import zstandard
 
 from swarm_gateway.dataset_upload import prepare
+from swarm_runtime.dataset_frames import ZstdFrames, open_frames
 from swarm_runtime.settings import Settings
 from swarm_runtime.store import open_store
 
@@ -55,6 +56,10 @@ async def test_plain_gzip_and_zstd_of_the_same_data_are_one_dataset(
     stored = open_store(settings).get_bytes(info["store_key"])
     assert stored.startswith(b"\x28\xb5\x2f\xfd")
     assert zstandard.ZstdDecompressor().decompressobj().decompress(stored) == data
+    # Seekable: a trainer's rank reads its frames by byte ranges.
+    frames = open_frames(open_store(settings), info["store_key"])
+    assert isinstance(frames, ZstdFrames)
+    assert b"".join(frames.read(i) for i in range(frames.count)) == data
 
     stats = await client.get(f"/v1/datasets/{info['id']}/stats")
     assert stats.status_code == 200, stats.text

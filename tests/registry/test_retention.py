@@ -4,10 +4,23 @@ from __future__ import annotations
 
 from typing import Any
 
+import nats
+
+from swarm_contracts.datasets import DatasetInfo, dataset_id_for
 from swarm_contracts.jobs import JobState
+from swarm_contracts.layout import (
+    TOKEN_LAYOUT,
+    dataset_key,
+    join_key,
+    token_cache_prefix,
+    token_frame_key,
+)
+from swarm_contracts.subjects import Subjects
 from swarm_contracts.verification import Verification
+from swarm_runtime.records import RecordTable
 from swarm_runtime.settings import Settings
 from swarm_runtime.store import ObjectStore
+from swarm_runtime.topology import kv_bucket
 
 from .test_adapters import register, upload_output
 from .test_fencing import put_job
@@ -113,3 +126,45 @@ async def test_gc_removes_only_unreferenced_objects(
     # The registered adapter still verifies after the collection.
     verified = await client.call("adapters.verify", {"name": "bot", "version": 1})
     assert verified["result"]["ok"] is True
+
+
+async def test_gc_removes_the_token_cache_of_a_deleted_dataset(
+    client: Any, store: ObjectStore, settings: Settings
+) -> None:
+    nc = await nats.connect(settings.nats_url)
+    datasets = RecordTable(
+        await kv_bucket(nc.jetstream(), Subjects(settings.namespace), "datasets"), DatasetInfo
+    )
+    kept, deleted, in_use = "b" * 64, "c" * 64, "a" * 64  # job-live trains on ds-aaa…
+    for sha in (kept, deleted):
+        info = DatasetInfo(
+            id=dataset_id_for(sha),
+            tenant="acme",
+            sha256=sha,
+            store_key=dataset_key("acme", sha),
+            format="text",
+            examples=2,
+            bytes=10,
+        )
+        await datasets.put(f"acme.{info.id}", info)
+    await put_job(settings, "job-live", attempt=1, state=JobState.running)
+    entry = "0123456789abcdef-s64-sft1-v1"
+
+    def tokens(tenant: str, sha: str) -> list[str]:
+        prefix = token_cache_prefix(tenant, sha, "0123456789abcdef", 64, "sft1-v1")
+        assert prefix.endswith(entry)
+        keys = [join_key(prefix, TOKEN_LAYOUT), token_frame_key(prefix, 0)]
+        for key in keys:
+            store.put_bytes(key, b"t")
+        return keys
+
+    live, gone, used = tokens("acme", kept), tokens("acme", deleted), tokens("acme", in_use)
+    other_tenant = tokens("zeta", kept)  # same data, another tenant's: no record there
+    # The gateway deletes a dataset by forgetting its record.
+    await datasets.delete(f"acme.{dataset_id_for(deleted)}")
+
+    report = (await client.call("gc.run", {"min_age_s": 0}))["result"]
+    assert sorted(report["tokens"]) == sorted(gone + other_tenant)
+    assert all(store.exists(key) for key in live + used)
+    assert not any(store.exists(key) for key in gone + other_tenant)
+    await nc.close()

@@ -17,7 +17,7 @@ from pydantic import SecretStr
 
 from swarm_contracts.datasets import DatasetInfo, dataset_id_for
 from swarm_contracts.jobs import JobRecord, JobSpec, JobState, ModelRef, ParentAdapter
-from swarm_contracts.layout import dataset_key
+from swarm_contracts.layout import dataset_key, token_cache_prefix, token_frame_key
 from swarm_contracts.providers import token_digest
 from swarm_contracts.subjects import Subjects
 from swarm_registry import build_app
@@ -106,6 +106,12 @@ async def seed_jobs(settings: Settings, store: S3Store) -> Jobs:
         await nc.close()
 
 
+def tokens_key(tenant: str, digit: str) -> str:
+    """A frame of the token cache of the dataset whose sha256 is ``digit`` 64 times."""
+    prefix = token_cache_prefix(tenant, digit * 64, "0123456789abcdef", 64, "sft1-v1")
+    return token_frame_key(prefix, 0)
+
+
 class Signer:
     def __init__(self, nc: Client, subjects: Subjects) -> None:
         self.nc, self.subjects = nc, subjects
@@ -164,8 +170,12 @@ async def test_the_current_attempt_reads_and_writes_its_own_keys(
     signer: tuple[Signer, S3Store, Jobs],
 ) -> None:
     ask, store, jobs = signer
+    # The token cache of the job's training set (written by a worker with store keys).
+    tokens = tokens_key("acme", "a")
+    store.put_bytes(tokens, b"tokens")
     reads = {
         jobs.datasets["job-a"]: b'{"text": "job-a data"}\n',
+        tokens: b"tokens",
         f"{MODEL}/model.safetensors": b"model model.safetensors",
         f"{PARENT}/adapter_model.safetensors": b"parent weights",
         # An earlier attempt's checkpoint: what a new attempt resumes from.
@@ -238,6 +248,8 @@ async def test_wrong_stale_and_foreign_requests_are_refused(
         ("get", "models/other/0123456789abcdef/model.safetensors"),
         ("get", "adapters/acme/bot/2/adapter_model.safetensors"),
         ("get", "outputs/job-b/1/result.json"),
+        ("get", tokens_key("other", "b")),  # job b's dataset's tokens
+        ("get", tokens_key("acme", "b")),  # tokens of a dataset job a does not train on
         ("head", f"{MODEL}x/config.json"),  # a sibling prefix, not below the model's
         # A listing that is no directory would also list siblings ("job-ab", "…abcdefX").
         ("list", "checkpoints/job-a"),
@@ -258,6 +270,8 @@ async def test_wrong_stale_and_foreign_requests_are_refused(
         "outputs/job-a/1/result.json",
         "adapters/acme/bot/9/adapter_model.safetensors",
         "checkpoints/job-b/attempt-1/x",
+        # Read, never written: tokens this worker made would go unchecked into other jobs.
+        tokens_key("acme", "a"),
     ):
         for op in ("put", "delete"):
             refused = await ask.ask(op, key)

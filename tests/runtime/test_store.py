@@ -96,6 +96,30 @@ def test_exists(store: ObjectStore) -> None:
     assert not store.exists("x/y")
 
 
+def test_byte_ranges(store: ObjectStore) -> None:
+    data = bytes(range(256)) * 40
+    store.put_bytes("d/big.bin", data)
+    assert store.size("d/big.bin") == len(data)
+    assert store.get_range("d/big.bin", 0, 10) == data[:10]
+    assert store.get_range("d/big.bin", 1000, 4096) == data[1000:5096]
+    # Short at the end, empty past it, empty for no length: as reading a file would be.
+    assert store.get_range("d/big.bin", len(data) - 3, 100) == data[-3:]
+    assert store.get_range("d/big.bin", len(data), 10) == b""
+    assert store.get_range("d/big.bin", len(data) + 50, 10) == b""
+    assert store.get_range("d/big.bin", 5, 0) == b""
+    # Consecutive ranges put the object back together.
+    parts = [store.get_range("d/big.bin", at, 777) for at in range(0, len(data), 777)]
+    assert b"".join(parts) == data
+    with pytest.raises(NotFound):
+        store.get_range("d/missing", 0, 10)
+    with pytest.raises(NotFound):
+        store.get_range("d/missing", 0, 0)
+    with pytest.raises(NotFound):
+        store.size("d/missing")
+    with pytest.raises(ValueError, match="byte range"):
+        store.get_range("d/big.bin", -1, 10)
+
+
 def test_not_found(store: ObjectStore, tmp_path: Path) -> None:
     with pytest.raises(NotFound):
         store.get_bytes("missing/key")

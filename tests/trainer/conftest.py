@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 from collections.abc import Iterator
@@ -10,12 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import zstandard
 
 from swarm_contracts.datasets import DatasetFormat, DatasetInfo, dataset_id_for
 from swarm_contracts.jobs import JobSpec, ModelRef
 from swarm_contracts.layout import DATASETS, dataset_key, join_key
 from swarm_contracts.workers import Assignment
+from swarm_runtime.dataset_codec import FRAME_BYTES, zstd_writer
 from swarm_runtime.store import ObjectStore, tree_digest
 from swarm_trainer.reports import Report
 from swarm_trainer.tiny_model import create_tiny_model
@@ -76,9 +77,10 @@ def put_dataset(
     *,
     legacy_plain: bool = False,
     dataset_format: DatasetFormat = "prompt_completion",
+    frame_bytes: int = FRAME_BYTES,
 ) -> DatasetInfo:
-    """As the gateway stores it: zstd at ``dataset_key``; ``legacy_plain``: as it did before
-    compression, plain JSONL at ``<sha256>.jsonl``."""
+    """As the gateway stores it: seekable zstd at ``dataset_key`` (frames of ``frame_bytes``);
+    ``legacy_plain``: as it did before compression, plain JSONL at ``<sha256>.jsonl``."""
     data = "".join(json.dumps(r) + "\n" for r in records).encode()
     sha = hashlib.sha256(data).hexdigest()
     if legacy_plain:
@@ -86,7 +88,10 @@ def put_dataset(
         store.put_bytes(key, data)
     else:
         key = dataset_key(tenant, sha)
-        store.put_bytes(key, zstandard.ZstdCompressor().compress(data))
+        packed = io.BytesIO()
+        with zstd_writer(packed, frame_bytes) as writer:
+            writer.write(data)
+        store.put_bytes(key, packed.getvalue())
     return DatasetInfo(
         id=dataset_id_for(sha),
         tenant=tenant,
@@ -116,13 +121,19 @@ def make_assignment(
     lora: dict[str, Any] | None = None,
     resources: dict[str, Any] | None = None,
     method: dict[str, Any] | None = None,
+    frame_bytes: int = FRAME_BYTES,
 ) -> Assignment:
     """A job on the arithmetic set: prompt/completion examples, or with a DPO ``method`` the
-    same prompts with the right sum chosen over a wrong one."""
+    same prompts with the right sum chosen over a wrong one. ``frame_bytes``: the dataset's
+    frames (small ones: a dataset of many frames, which the ranks shard by frame and stream
+    across)."""
     dpo = method is not None and method.get("type") == "dpo"
     records = preference_records() if dpo else arithmetic_records()
     dataset = put_dataset(
-        store, records, dataset_format="preference" if dpo else "prompt_completion"
+        store,
+        records,
+        dataset_format="preference" if dpo else "prompt_completion",
+        frame_bytes=frame_bytes,
     )
     spec = JobSpec.model_validate(
         {

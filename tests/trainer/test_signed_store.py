@@ -67,12 +67,22 @@ def refused(fn: Callable[[], Any]) -> str:
 
 
 async def test_reads_and_writes_within_the_jobs_scope(
-    world: tuple[SignedStore, S3Store, Jobs], tmp_path: Path
+    world: tuple[SignedStore, S3Store, Jobs], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     signed, store, jobs = world
+    asked: list[str] = []
+    grant = signed.grant
+    monkeypatch.setattr(signed, "grant", lambda op, key: asked.append(op) or grant(op, key))
 
     def within() -> None:
         assert signed.get_bytes(jobs.datasets["job-a"]) == b'{"text": "job-a data"}\n'
+        # Byte ranges of an object in scope (what a rank streams its share of a dataset by),
+        # through one grant reused for every range.
+        assert signed.size(jobs.datasets["job-a"]) == 23
+        assert signed.get_range(jobs.datasets["job-a"], 2, 4) == b"text"
+        assert signed.get_range(jobs.datasets["job-a"], 20, 10) == b'"}\n'
+        assert signed.get_range(jobs.datasets["job-a"], 23, 10) == b""
+        assert asked.count("get") == 2  # get_bytes's, and one for all the ranges
         assert signed.sha256(jobs.datasets["job-a"]) == store.sha256(jobs.datasets["job-a"])
         files = signed.download_dir(MODEL, tmp_path / "model")
         assert sorted(p.name for p in files) == ["config.json", "model.safetensors"]
@@ -120,6 +130,7 @@ async def test_outside_the_scope_nothing_is_granted(
 
     def outside() -> None:
         assert refused(lambda: signed.get_bytes(other)) == "forbidden"
+        assert refused(lambda: signed.get_range(other, 0, 5)) == "forbidden"
         assert refused(lambda: signed.get_file(other, tmp_path / "stolen")) == "forbidden"
         assert refused(lambda: signed.list("datasets/")) == "forbidden"
         assert refused(lambda: signed.download_dir("checkpoints/job-b", tmp_path / "b")) == (

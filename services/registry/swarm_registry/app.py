@@ -276,8 +276,10 @@ def build_app(settings: Settings) -> FastStream:
         catalogs.adapters = AdapterCatalog(
             await kv_bucket(js, subjects, "adapters"), store, announce, jobs, promoted
         )
-        catalogs.collector = Collector(store, catalogs.adapters, catalogs.models.versions, jobs)
         datasets = RecordTable(await kv_bucket(js, subjects, "datasets"), DatasetInfo)
+        catalogs.collector = Collector(
+            store, catalogs.adapters, catalogs.models.versions, jobs, datasets
+        )
         catalogs.signer = StoreSigner(store, jobs, datasets)
         catalogs.forks = Forks(store, jobs)
 

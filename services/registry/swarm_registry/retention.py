@@ -11,7 +11,11 @@ What ``gc.run`` removes:
   a checkpoint. Jobs with no record are left alone:
   the record may not be written yet; so are the checkpoints of a finished job whose
   verification is pending (a replay starts from them and compares with them);
-* ``models/…`` objects under no model version's ``store_key``.
+* ``models/…`` objects under no model version's ``store_key``;
+* ``tokens/<tenant>/<sha256>/…`` (the trainer's token cache of a dataset) once the tenant's
+  dataset record is gone (deleted through the gateway) and no unfinished job names it: the
+  cache goes with its dataset. A verification replay that comes later tokenizes again, to
+  the same tokens.
 
 Unreferenced adapter and model objects younger than ``min_age_s`` are spared: the gateway
 uploads a model before asking to register it. The store is listed *before* the records are
@@ -26,12 +30,15 @@ import logging
 
 from nats.js.errors import KeyNotFoundError
 
+from swarm_contracts.datasets import DatasetInfo, dataset_id_for
 from swarm_contracts.jobs import JobRecord
 from swarm_contracts.layout import (
     ADAPTERS,
     CHECKPOINTS,
     MODELS,
     OUTPUTS,
+    TOKENS,
+    dataset_of_tokens,
     job_checkpoints,
     job_of,
     parse_adapter_key,
@@ -93,11 +100,13 @@ class Collector:
         adapters: AdapterCatalog,
         models: Versions[ModelVersion],
         jobs: RecordTable[JobRecord],
+        datasets: RecordTable[DatasetInfo],
     ) -> None:
         self.store = store
         self.adapters = adapters
         self.models = models
         self.jobs = jobs
+        self.datasets = datasets
 
     async def run(self, request: RunGc) -> GcReport:
         listed = await asyncio.to_thread(self._list)
@@ -139,12 +148,37 @@ class Collector:
                 old, key
             ):
                 report.models.append(key)
+        report.tokens = await self._orphan_tokens(listed[TOKENS], records)
         if not request.dry_run:
             await asyncio.to_thread(self._delete, report)
         return report
 
+    async def _orphan_tokens(self, keys: list[str], records: list[JobRecord]) -> list[str]:
+        """The token cache objects of datasets that are gone and that no unfinished job
+        names."""
+        in_use = {
+            (job.tenant, dataset)
+            for job in records
+            if not job.state.terminal
+            for dataset in (job.spec.dataset, job.spec.validation)
+            if dataset is not None
+        }
+        kept: dict[tuple[str, str], bool] = {}
+        orphans = []
+        for key in keys:
+            found = dataset_of_tokens(key)
+            if found is None:
+                continue
+            if found not in kept:
+                tenant, dataset_id = found[0], dataset_id_for(found[1])
+                record = await self.datasets.get(f"{tenant}.{dataset_id}")
+                kept[found] = (tenant, dataset_id) in in_use or record is not None
+            if not kept[found]:
+                orphans.append(key)
+        return orphans
+
     def _list(self) -> dict[str, list[str]]:
-        kinds = (ADAPTERS, OUTPUTS, CHECKPOINTS, MODELS)
+        kinds = (ADAPTERS, OUTPUTS, CHECKPOINTS, MODELS, TOKENS)
         return {kind: self.store.list(f"{kind}/") for kind in kinds}
 
     async def _claimed(self) -> set[tuple[str, int | None]]:
@@ -164,7 +198,8 @@ class Collector:
         return claimed
 
     def _delete(self, report: GcReport) -> None:
-        for keys in (report.adapters, report.outputs, report.checkpoints, report.models):
+        kinds = (report.adapters, report.outputs, report.checkpoints, report.models, report.tokens)
+        for keys in kinds:
             for key in keys:
                 self.store.delete(key)
         if report.checkpoints:
@@ -172,9 +207,10 @@ class Collector:
             for job in sorted({job for k in report.checkpoints if (job := job_of(k))}):
                 self.store.delete_prefix(job_checkpoints(job) + "/")
         log.info(
-            "gc removed %d adapter, %d output, %d checkpoint and %d model objects",
+            "gc removed %d adapter, %d output, %d checkpoint, %d model and %d token objects",
             len(report.adapters),
             len(report.outputs),
             len(report.checkpoints),
             len(report.models),
+            len(report.tokens),
         )

@@ -13,7 +13,7 @@ from datetime import timedelta
 
 from swarm_contracts.datasets import DatasetInfo
 from swarm_contracts.jobs import JobRecord, utcnow
-from swarm_contracts.layout import InvalidKey, validate_key
+from swarm_contracts.layout import InvalidKey, tokens_of_dataset, validate_key
 from swarm_contracts.store_access import (
     StoreAccess,
     StoredObject,
@@ -58,8 +58,8 @@ class StoreSigner:
             raise RegistryError(str(exc), "invalid") from exc
         entry = await self.jobs.get(request.job_id)
         record = check_store_access(request, entry[0] if entry else None, sender_worker_id)
-        datasets = await self._dataset_keys(record)
-        if not job_scope(record, datasets).allows(request.op, request.key):
+        datasets, tokens = await self._dataset_keys(record)
+        if not job_scope(record, datasets, tokens).allows(request.op, request.key):
             raise RegistryError(
                 f"{request.op} {request.key!r} is outside job {request.job_id!r} attempt "
                 f"{request.attempt}'s scope",
@@ -83,12 +83,15 @@ class StoreSigner:
             expires_at=utcnow() + URL_LIFETIME,
         )
 
-    async def _dataset_keys(self, record: JobRecord) -> list[str]:
-        keys = []
+    async def _dataset_keys(self, record: JobRecord) -> tuple[list[str], list[str]]:
+        """The store keys of the job's datasets, and the token cache of its training set."""
+        keys, tokens = [], []
         for dataset_id in (record.spec.dataset, record.spec.validation):
             if dataset_id is None:
                 continue
             found = await self.datasets.get(f"{record.tenant}.{dataset_id}")
             if found is not None:
                 keys.append(found[0].store_key)
-        return keys
+                if dataset_id == record.spec.dataset:
+                    tokens.append(tokens_of_dataset(record.tenant, found[0].sha256))
+        return keys, tokens

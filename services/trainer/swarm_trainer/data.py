@@ -265,11 +265,18 @@ class BatchSampler:
         return self.collate([self.examples[i] for i in picks], self.pad_id, self.pack_to)
 
 
+class BatchSource(Protocol):
+    """Micro-batches by index: a ``BatchSampler``, or a streamed dataset
+    (``stream.TrainStream``)."""
+
+    def batch(self, index: int) -> Batch: ...
+
+
 class StepBatches:
     """Each step's micro-batches on the device, the next step's prepared ahead: collated and
     on their way to the GPU while it still runs the step before."""
 
-    def __init__(self, sampler: BatchSampler, per_step: int, device: torch.device):
+    def __init__(self, sampler: BatchSource, per_step: int, device: torch.device):
         self.sampler = sampler
         self.per_step = per_step
         self.device = device

@@ -5,8 +5,9 @@
 position), ``train`` (steps with gradient accumulation and clipping; ``validate`` keeps the
 best adapter; ``save_checkpoint`` through ``ray.train.report``), and ``finish``: rank 0 saves
 the best adapter and the run's metrics to the run's output prefix. The step itself is in
-``step``; what the job's training method (SFT, DPO) makes of its data, its loss and its
-measures is in ``methods``; rank 0's reports to the agent are ``reports``.
+``step``; the training set, streamed per rank and tokenized once, in ``stream``; what the
+job's training method (SFT, DPO) makes of its data, its loss and its measures is in
+``methods``; rank 0's reports to the agent are ``reports``.
 
 Long because: the loop's phases share one ``Recipe`` and read in order, as one run does;
 the step, the methods, the reports, sharding and checkpoints' files are their own modules.
@@ -28,25 +29,19 @@ import torch
 from peft import PeftModel
 from transformers import AutoTokenizer
 
+from swarm_contracts.datasets import DatasetInfo
 from swarm_contracts.evals import EvalSpec
 from swarm_contracts.jobs import TrainingSpec
 from swarm_contracts.layout import output_adapter, output_replay, output_result
 from swarm_contracts.workers import Assignment
+from swarm_runtime.dataset_frames import DatasetFrames, local_frames, open_frames
 from swarm_runtime.store import ObjectStore
 from swarm_trainer import checkpoint, fetch, reports
+from swarm_trainer.cache import TransferCache
 from swarm_trainer.checkpoint import checkpoint_dir_name, save_adapter
 from swarm_trainer.compute import Compute, choose_compute
 from swarm_trainer.control import RELEASE
-from swarm_trainer.data import (
-    Batch,
-    BatchSampler,
-    StepBatches,
-    Tokenizer,
-    eval_batches,
-    read_jsonl,
-    shard,
-    split_holdout,
-)
+from swarm_trainer.data import Batch, StepBatches, Tokenizer, eval_batches, read_jsonl, shard
 from swarm_trainer.hooks import LoopHooks
 from swarm_trainer.loop_config import LoopConfig
 from swarm_trainer.methods import Method, for_job
@@ -64,7 +59,18 @@ from swarm_trainer.step import (
     make_optimizer,
     train_step,
 )
+from swarm_trainer.stream import (
+    FrameSource,
+    Holdout,
+    Share,
+    TrainStream,
+    held_out_rows,
+    load_position,
+    save_position,
+    validation_examples,
+)
 from swarm_trainer.task_eval import EvalRow, eval_rows, run_evals
+from swarm_trainer.token_cache import TokenCache, tokenizer_digest
 from swarm_trainer.train_state import TrainState
 
 
@@ -94,7 +100,8 @@ class Recipe:
     model: torch.nn.Module  # what the step runs: the PEFT model, DDP-wrapped or FSDP-sharded
     peft_model: PeftModel  # the same model unwrapped: what is saved and evaluated
     method: Method  # spec.method: the data format, batch, loss and measures (SFT, DPO)
-    batches: StepBatches  # this rank's training micro-batches, by data index
+    stream: TrainStream  # this rank's share of the training set, streamed from the store
+    batches: StepBatches  # its micro-batches, by data index, the next step's prepared ahead
     val_batches: list[Batch]
     eval_forwards: int  # evaluation runs at least this many forwards (ranks in lockstep)
     has_eval: bool  # some rank has validation data
@@ -126,7 +133,9 @@ class Recipe:
 
 @dataclass(frozen=True)
 class Fetched:
-    cached: tuple[str, ...]  # of "base_model", "dataset", "validation": found in the cache
+    # Of "base_model", "validation", "evals": found in the machine's cache; "dataset": its
+    # tokens found in the store's token cache.
+    cached: tuple[str, ...]
     seconds: float  # getting them: downloading, or verifying the cached copies
 
 
@@ -155,29 +164,21 @@ def setup(config: LoopConfig, work: Path, held: contextlib.ExitStack) -> Recipe:
     compute = choose_compute(t, device)
     seed_everything(t.seed)
 
-    # Base model, tokenizer and data through the machine's cache (from the store on a miss),
-    # held until the run ends; LoRA adapter on top. Continuing training starts from the
-    # parent adapter's weights (a resumed attempt then overwrites them with its
-    # checkpoint's). Every rank seeds alike, so all start from the same weights (DDP also
-    # broadcasts rank 0's); ``sharding`` then wraps (ddp) or shards (fsdp) the model.
+    # Base model, tokenizer, validation and task-eval sets (small: they come whole) through
+    # the machine's cache (from the store on a miss), held until the run ends; LoRA adapter
+    # on top. Continuing training starts from the parent adapter's weights (a resumed attempt
+    # then overwrites them with its checkpoint's). Every rank seeds alike, so all start from
+    # the same weights (DDP also broadcasts rank 0's); ``sharding`` then wraps (ddp) or
+    # shards (fsdp) the model.
     fetch_started = time.monotonic()
     cache = config.cache.open()
     model_entry = held.enter_context(fetch.base_model(cache, store, job.base_model))
     datasets = {
         name: held.enter_context(fetch.dataset(cache, store, info))
-        for name, info in (
-            ("dataset", job.dataset),
-            ("validation", job.validation),
-            ("evals", job.eval_dataset),
-        )
+        for name, info in (("validation", job.validation), ("evals", job.eval_dataset))
         if info is not None
     }
-    fetched = Fetched(
-        cached=tuple(
-            name for name, entry in (("base_model", model_entry), *datasets.items()) if entry.hit
-        ),
-        seconds=time.monotonic() - fetch_started,
-    )
+    fetch_s = time.monotonic() - fetch_started
     model_dir = model_entry.path
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     parent_dir = starting_adapter(store, job, work / "parent")
@@ -186,17 +187,52 @@ def setup(config: LoopConfig, work: Path, held: contextlib.ExitStack) -> Recipe:
     # DPO's reference is the model without its adapter, or with the parent's weights as loaded.
     method = for_job(job.spec.method, sharding.unwrap(model), from_parent=parent_dir is not None)
 
-    sampler, val_batches, rows = load_data(
+    # The training set streams from the store, tokenized once by the method into the store's
+    # token cache (``stream``): opening it reads the cache entry's layout, or the dataset's.
+    opening = time.monotonic()
+    token_cache = TokenCache.of(
+        store,
+        job.dataset,
+        tokenizer_digest(model_dir),
+        t.seq_len,
+        method.encoding,
+        work / "tokens",
+        # A worker without store keys reads the shared cache but never writes it (see
+        # ``token_cache``).
+        writable=config.store.signed is None,
+        sequences=method.sequences,
+    )
+    source = FrameSource(
+        token_cache,
+        method,
+        tokenizer,
+        t.seq_len,
+        lambda: dataset_frames(store, cache, job.dataset, held),
+    )
+    fetched = Fetched(
+        cached=tuple(
+            name
+            for name, hit in (
+                ("base_model", model_entry.hit),
+                ("dataset", source.cached),
+                *((name, entry.hit) for name, entry in datasets.items()),
+            )
+            if hit
+        ),
+        seconds=fetch_s + time.monotonic() - opening,
+    )
+    stream, val_batches, rows = load_data(
         job,
         method,
         tokenizer,
-        datasets["dataset"].path / fetch.DATASET_FILE,
+        source,
         datasets["validation"].path / fetch.DATASET_FILE if "validation" in datasets else None,
         rank,
         world,
         compute,
         datasets["evals"].path / fetch.DATASET_FILE if "evals" in datasets else None,
     )
+    held.callback(stream.close)
     # A sharded forward is a collective: every rank evaluates as many batches as the most.
     eval_forwards = int(all_reduce_max(len(val_batches), device)) if sharding.lockstep else 0
     optimizer = make_optimizer((p for p in model.parameters() if p.requires_grad), t.lr, device)
@@ -211,7 +247,8 @@ def setup(config: LoopConfig, work: Path, held: contextlib.ExitStack) -> Recipe:
         model=model,
         peft_model=sharding.unwrap(model),
         method=method,
-        batches=StepBatches(sampler, t.grad_accum, device),
+        stream=stream,
+        batches=StepBatches(stream, t.grad_accum, device),
         val_batches=val_batches,
         eval_forwards=eval_forwards,
         has_eval=bool(rows) or bool(all_reduce_sum([float(len(val_batches))], device)[0]),
@@ -227,56 +264,74 @@ def setup(config: LoopConfig, work: Path, held: contextlib.ExitStack) -> Recipe:
     )
 
 
+def dataset_frames(
+    store: ObjectStore, cache: TransferCache, info: DatasetInfo, held: contextlib.ExitStack
+) -> DatasetFrames:
+    """The stored training set by frames, read with byte ranges. Gzip, or zstd stored before
+    frames, cannot be cut: then a local plain copy, through the machine's cache."""
+    frames = open_frames(store, info.store_key)
+    if frames is None:
+        entry = held.enter_context(fetch.dataset(cache, store, info))
+        frames = local_frames(entry.path / fetch.DATASET_FILE)
+    return frames
+
+
 def load_data(
     job: Assignment,
     method: Method,
     tokenizer: Tokenizer,
-    train_file: Path,
+    source: FrameSource,
     val_file: Path | None,
     rank: int,
     world: int,
     compute: Compute,
     eval_file: Path | None = None,
-) -> tuple[BatchSampler, list[Batch], list[EvalRow]]:
-    """(this rank's training batches, its validation batches, the task evals' rows). The
-    held-out splits are made before sharding, so every rank agrees on what is held out; then
-    each rank takes a disjoint share of the training examples, which the method encodes.
+) -> tuple[TrainStream, list[Batch], list[EvalRow]]:
+    """(this rank's training stream, its validation batches, the task evals' rows). The
+    held-out records are drawn before sharding, so every rank agrees on what is held out;
+    then each rank streams its own share of the training set (``stream``), which the method
+    encodes.
 
     The task evals' rows are their own dataset, or ``evals.fraction`` of the training set
-    (held out first), or else the validation set. Without a validation set of its own, the
-    eval loss is measured on the task evals' rows."""
+    (held out first), or else the validation set. Without a validation set of its own, an
+    SFT job's eval loss is measured on the task evals' rows (a DPO job's needs preference
+    pairs, which task evals need not be)."""
     t = job.spec.training
     evals = job.spec.evals
-    records = read_jsonl(train_file)
-    eval_records: list[dict[str, Any]] = []
-    if evals is not None and eval_file is not None:
-        eval_records = read_jsonl(eval_file)
-    elif evals is not None and evals.fraction is not None:
-        # Another seed than validation's, so the two held-out sets are drawn independently.
-        records, eval_records = split_holdout(records, evals.fraction, t.seed + 1)
-    if val_file is not None:
-        val_records = read_jsonl(val_file)
-    else:
-        records, val_records = split_holdout(records, t.val_fraction, t.seed)
-    if evals is not None and not eval_records:
-        eval_records = val_records
-    if not val_records and method.name == "sft":
-        val_records = eval_records
-    rows = eval_rows(eval_records, evals.max_examples) if evals is not None else []
-    mine = shard(range(len(records)), rank, world)
-    train_examples = method.encode([records[i] for i in mine], tokenizer, t.seq_len, mine)
-    val_examples = (
-        method.encode(shard(val_records, rank, world), tokenizer, t.seq_len)
-        if len(val_records) >= world
-        else []
+    holdout = Holdout(
+        val_fraction=0.0 if val_file is not None else t.val_fraction,
+        eval_fraction=evals.fraction if evals is not None and eval_file is None else None,
+        seed=t.seed,
     )
+    share = Share.of(source.count, rank, world)
+    rows: list[EvalRow] = []
+    if evals is not None:
+        if eval_file is not None:
+            rows = eval_rows(read_jsonl(eval_file), evals.max_examples)
+        elif holdout.eval_fraction is None and val_file is not None:
+            rows = eval_rows(read_jsonl(val_file), evals.max_examples)
+        else:
+            rows = held_out_rows(source, holdout, evals.max_examples)
+    # The validation loss: the validation dataset, else the held-out val_fraction, else (SFT)
+    # the task evals' own dataset, else their held-out fraction.
+    evals_too = method.name == "sft"
+    held_file = val_file
+    if val_file is None and t.val_fraction <= 0 and evals_too:
+        held_file = eval_file
+    if held_file is not None:
+        val_records = read_jsonl(held_file)
+        val_examples = (
+            method.encode(shard(val_records, rank, world), tokenizer, t.seq_len)
+            if len(val_records) >= world
+            else []
+        )
+    else:
+        val_examples = validation_examples(source, share, holdout, evals=evals_too)
     pad_id = pad_token_id(tokenizer)
     # A packed micro-batch holds every sequence of its examples (DPO: two per example).
     pack_to = compute.packed_row(t.seq_len, t.batch_size * method.sequences) if t.packing else None
-    sampler = BatchSampler(
-        train_examples, t.batch_size, pad_id, t.seed + rank, pack_to, method.collate
-    )
-    return sampler, eval_batches(val_examples, t.batch_size, pad_id, method.collate), rows
+    stream = TrainStream(source, share, holdout, t.batch_size, pad_id, t.seed + rank, pack_to)
+    return stream, eval_batches(val_examples, t.batch_size, pad_id, method.collate), rows
 
 
 def pad_token_id(tokenizer: Tokenizer) -> int:
@@ -298,6 +353,10 @@ def resume(recipe: Recipe, earlier_attempt: ray.train.Checkpoint | None) -> Trai
             Path(d), recipe.model, recipe.optimizer, recipe.scheduler, recipe.sharding
         )
         load_rng(Path(d), recipe.rank)
+        position = load_position(
+            Path(d), recipe.rank, recipe.world, state.data_index, recipe.job.dataset.sha256
+        )
+    recipe.stream.seek(state.data_index, position)
     return state
 
 
@@ -462,6 +521,14 @@ def save_checkpoint(recipe: Recipe, state: TrainState, metrics: dict[str, float]
                 lora_state,
             )
         save_rng(directory, recipe.rank)
+        save_position(
+            directory,
+            recipe.rank,
+            recipe.world,
+            state.data_index,
+            recipe.stream.position(state.data_index),
+            recipe.job.dataset.sha256,
+        )
         ray.train.report(
             metrics,
             checkpoint=ray.train.Checkpoint.from_directory(directory),

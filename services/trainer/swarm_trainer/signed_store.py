@@ -27,6 +27,7 @@ import os
 import threading
 import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -67,8 +68,14 @@ REQUEST_TIMEOUT_S = 10.0
 UNAVAILABLE_RETRY_S = 30.0
 # How long an object-store call waits for a store that refuses connections.
 STORE_OUTAGE_S = 40.0
+# A read grant is asked for again this long before it expires.
+GRANT_MARGIN = timedelta(minutes=2)
 _CHUNK = 1024 * 1024
 log = logging.getLogger(__name__)
+
+
+class _PastTheEnd(Exception):
+    """A range read that starts past the object's end (HTTP 416)."""
 
 
 class StoreAccessRefused(PermissionError):
@@ -208,6 +215,9 @@ class SignedStore(ObjectStore):
     def __init__(self, access: SignedAccess) -> None:
         self.access = access
         self.url = f"signed:{access.job_id}/{access.attempt}"
+        # GET grants by key, asked for once and used until shortly before they expire: a
+        # streamed dataset is read range by range, and each grant is a trip to the registry.
+        self._reads: dict[str, StoreGrant] = {}
 
     def grant(self, op: StoreOp, key: str) -> StoreGrant:
         request = self.access.request(op, key)
@@ -226,9 +236,18 @@ class SignedStore(ObjectStore):
             ) from exc
         raise AssertionError("unreachable: tenacity reraises the last error")
 
+    def _read_grant(self, key: str) -> StoreGrant:
+        grant = self._reads.get(key)
+        now = datetime.now(UTC)
+        if grant is None or grant.expires_at is None or grant.expires_at - GRANT_MARGIN < now:
+            grant = self._reads[key] = self.grant("get", key)
+        return grant
+
     @contextlib.contextmanager
-    def _stream(self, op: StoreOp, key: str, **kwargs: Any) -> Iterator[httpx.Response]:
-        grant = self.grant(op, key)
+    def _stream(
+        self, op: StoreOp, key: str, grant: StoreGrant | None = None, **kwargs: Any
+    ) -> Iterator[httpx.Response]:
+        grant = grant or self.grant(op, key)
         if grant.url is None or grant.method is None:
             raise StoreAccessRefused(f"the registry granted {op} {key} without a URL", "internal")
         request = _client().build_request(grant.method, grant.url, **kwargs)
@@ -246,6 +265,8 @@ class SignedStore(ObjectStore):
         try:
             if response.status_code == 404:
                 raise NotFound(key)
+            if response.status_code == 416:
+                raise _PastTheEnd(key)
             if response.status_code >= 300:
                 response.read()
                 raise OSError(
@@ -290,6 +311,28 @@ class SignedStore(ObjectStore):
         validate_key(key)
         with self._stream("get", key) as response:
             return response.read()
+
+    def get_range(self, key: str, start: int, length: int) -> bytes:
+        validate_key(key)
+        if start < 0 or length < 0:
+            raise ValueError(f"a byte range starts and runs at 0 or more, got {start}+{length}")
+        if length == 0:
+            self.size(key)
+            return b""
+        headers = {"Range": f"bytes={start}-{start + length - 1}"}
+        try:
+            with self._stream("get", key, self._read_grant(key), headers=headers) as response:
+                data = response.read()
+                whole = response.status_code == 200  # a server that ignored the range
+        except _PastTheEnd:
+            return b""
+        return data[start : start + length] if whole else data
+
+    def size(self, key: str) -> int:
+        found = self.stat_size(key)
+        if found is None:
+            raise NotFound(key)
+        return found
 
     def exists(self, key: str) -> bool:
         return self.stat_size(key) is not None

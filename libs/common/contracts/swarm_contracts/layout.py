@@ -1,8 +1,9 @@
 """The object store's layout: every key Swarm writes, built and parsed in one place.
 
 A contract like ``subjects``: the gateway uploads ``datasets/`` and ``models/``, the trainer
-writes ``checkpoints/`` and ``outputs/`` and ``exports/``, the registry copies adapters into
-``adapters/`` and its garbage collector deletes what the others wrote. Keys are '/'-separated
+writes ``checkpoints/``, ``outputs/``, ``exports/`` and the tokenized datasets of ``tokens/``,
+the registry copies adapters into ``adapters/`` and its garbage collector deletes what the
+others wrote. Keys are '/'-separated
 relative paths, validated so that no key can escape the store (docs/architecture.md, *Object
 store keys*).
 """
@@ -18,6 +19,7 @@ CHECKPOINTS = "checkpoints"
 OUTPUTS = "outputs"
 ADAPTERS = "adapters"
 EXPORTS = "exports"
+TOKENS = "tokens"
 
 # A run's outputs: the adapter it produced and its final metrics.
 OUTPUT_ADAPTER = "adapter"
@@ -27,6 +29,9 @@ OUTPUT_REPLAY = "replay.json"
 # Written last into an export's prefix: its ExportResult (every other file's sha256), what a
 # download is checked against; an export without it is unfinished.
 EXPORT_MANIFEST = "swarm-export.json"
+# A token cache entry's first object: how many frames the dataset has and how it was cut into
+# them, so that a job whose every frame is cached never reads the dataset itself.
+TOKEN_LAYOUT = "layout.json"
 
 _BAD_CHARS = re.compile(r"[\x00-\x1f\x7f\\]")
 
@@ -70,6 +75,27 @@ def model_prefix(name: str, tree_digest: str) -> str:
 
 
 # --- training (trainer) -----------------------------------------------------------------------
+
+
+def tokens_of_dataset(tenant: str, sha256: str) -> str:
+    """Every token cache entry of one of a tenant's datasets: what goes when the dataset goes."""
+    return join_key(TOKENS, tenant, sha256)
+
+
+def token_cache_prefix(
+    tenant: str, sha256: str, tokenizer_digest: str, seq_len: int, encoding: str
+) -> str:
+    """One dataset tokenized one way: by the tokenizer whose files have ``tokenizer_digest``,
+    truncated to ``seq_len``, by the ``encoding`` (the method's tokenizing function and the
+    cache's format version). Its objects are the ``TOKEN_LAYOUT`` and one per frame; each is
+    written whole (an object store put, or a rename), so a reader never sees half of one."""
+    return join_key(
+        tokens_of_dataset(tenant, sha256), f"{tokenizer_digest[:16]}-s{seq_len}-{encoding}"
+    )
+
+
+def token_frame_key(prefix: str, frame: int) -> str:
+    return join_key(prefix, f"frame-{frame:06d}.safetensors.zst")
 
 
 def job_checkpoints(job_id: str) -> str:
@@ -180,6 +206,14 @@ def parse_adapter_key(key: str) -> AdapterLocation | None:
         return None
     version = int(parts[3]) if parts[3].isdigit() else None
     return AdapterLocation("/".join(parts[:4]), parts[2], version)
+
+
+def dataset_of_tokens(key: str) -> tuple[str, str] | None:
+    """(tenant, dataset sha256) of a ``tokens/…`` object (None: not one)."""
+    parts = key.split("/")
+    if len(parts) < 4 or parts[0] != TOKENS:
+        return None
+    return parts[1], parts[2]
 
 
 def job_of(key: str) -> str | None:

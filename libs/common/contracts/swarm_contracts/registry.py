@@ -317,6 +317,8 @@ class GcReport(BaseModel):
     outputs: list[str] = Field(default_factory=list)
     checkpoints: list[str] = Field(default_factory=list)
     models: list[str] = Field(default_factory=list)
+    # The trainer's token cache of datasets that are gone (``layout.tokens_of_dataset``).
+    tokens: list[str] = Field(default_factory=list)
 
 
 class LineageNode(BaseModel):

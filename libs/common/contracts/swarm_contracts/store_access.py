@@ -9,6 +9,7 @@ minutes, or for ``list``/``head`` with the answer itself (docs/providers.md, *St
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Literal, NamedTuple
 
@@ -77,16 +78,20 @@ def within(key: str, root: str) -> bool:
     return key == root or key.startswith(root + "/")
 
 
-def job_scope(record: JobRecord, dataset_keys: list[str]) -> JobScope:
+def job_scope(
+    record: JobRecord, dataset_keys: list[str], token_roots: Sequence[str] = ()
+) -> JobScope:
     """The scope of the record's current attempt.
 
     Read: its datasets (the gateway's ``DatasetInfo.store_key`` of the spec's dataset and
-    validation set, which the caller looks up), its pinned base model's files, its parent
+    validation set, which the caller looks up), the token cache of its training set
+    (``token_roots``: ``layout.tokens_of_dataset``; never written by such a worker, whose
+    tokens would go unchecked into other jobs), its pinned base model's files, its parent
     adapter's files, and all of the job's checkpoints (a new attempt resumes from an earlier
     attempt's). Write: only this attempt's own Ray run, its resume copy and its outputs, so a
     worker can neither change another job's files nor an earlier attempt's checkpoints.
     """
-    read = [*dataset_keys, job_checkpoints(record.job_id)]
+    read = [*dataset_keys, *token_roots, job_checkpoints(record.job_id)]
     if record.base_model is not None:
         read.append(record.base_model.store_key)
     if record.parent is not None:

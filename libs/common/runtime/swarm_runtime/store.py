@@ -89,6 +89,15 @@ class ObjectStore(ABC):
     def get_bytes(self, key: str) -> bytes: ...
 
     @abstractmethod
+    def get_range(self, key: str, start: int, length: int) -> bytes:
+        """Up to ``length`` bytes of ``key`` from byte ``start`` on: fewer at the object's end,
+        none past it. What lets a reader take its share of a large object and no more."""
+
+    @abstractmethod
+    def size(self, key: str) -> int:
+        """The object's size in bytes (``NotFound`` when there is none)."""
+
+    @abstractmethod
     def exists(self, key: str) -> bool: ...
 
     @abstractmethod
@@ -195,6 +204,21 @@ class LocalStore(ObjectStore):
         if not src.is_file():
             raise NotFound(key)
         return src.read_bytes()
+
+    def get_range(self, key: str, start: int, length: int) -> bytes:
+        _check_range(start, length)
+        src = self._path(key)
+        if not src.is_file():
+            raise NotFound(key)
+        with open(src, "rb") as f:
+            f.seek(start)
+            return f.read(length)
+
+    def size(self, key: str) -> int:
+        src = self._path(key)
+        if not src.is_file():
+            raise NotFound(key)
+        return src.stat().st_size
 
     def exists(self, key: str) -> bool:
         return self._path(key).is_file()
@@ -324,6 +348,35 @@ class S3Store(ObjectStore):
             resp.close()
             resp.release_conn()
 
+    def get_range(self, key: str, start: int, length: int) -> bytes:
+        from minio.error import S3Error
+
+        _check_range(start, length)
+        if length == 0:
+            # minio reads a length of 0 as "to the end".
+            self.size(key)
+            return b""
+        try:
+            resp = self.client.get_object(
+                self.bucket, validate_key(key), offset=start, length=length
+            )
+        except S3Error as exc:
+            if exc.code == "InvalidRange":  # S3's answer to a start past the end
+                self.size(key)  # NotFound when it is not the range but the object
+                return b""
+            raise self._not_found(exc, key) from exc
+        try:
+            return resp.read()
+        finally:
+            resp.close()
+            resp.release_conn()
+
+    def size(self, key: str) -> int:
+        found = self.stat_size(key)
+        if found is None:
+            raise NotFound(key)
+        return found
+
     def exists(self, key: str) -> bool:
         try:
             self.client.stat_object(self.bucket, validate_key(key))
@@ -416,6 +469,11 @@ class S3Store(ObjectStore):
             retry_strategy=pyarrow.fs.AwsStandardS3RetryStrategy(max_attempts=OUTAGE_RETRIES),
         )
         return f"{self.bucket}/{validate_key(key_prefix, prefix=True).rstrip('/')}", fs
+
+
+def _check_range(start: int, length: int) -> None:
+    if start < 0 or length < 0:
+        raise ValueError(f"a byte range starts and runs at 0 or more, got {start}+{length}")
 
 
 def _outage_tolerant_http() -> Any:

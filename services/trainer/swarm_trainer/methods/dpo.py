@@ -14,6 +14,8 @@ tokenizes a prompt/completion or chat example (``sft.encode_segments``: the same
 BOS and EOS, cut to ``seq_len``). A sequence's log-probability is the sum over its answer's
 tokens. A micro-batch holds both sequences of each of its pairs (packed in one row where the
 attention allows, like SFT's), and each target token knows its sequence (``PairBatch``).
+The token cache keeps a record's two sequences side by side (``encode_record``), so a DPO
+training set streams from the store as SFT's does (``stream``).
 
 The loss is DPO's sigmoid loss, averaged over the step's pairs::
 
@@ -240,6 +242,7 @@ class Dpo:
     # negative log-likelihood sum and token count (their perplexity under the policy)
     eval_sums = 7
     sequences = 2  # per example: prompt + chosen, prompt + rejected
+    encoding = "dpo1"  # ``encode_pair``'s tokens (see ``Method.encoding``)
 
     def __init__(self, beta: float, reference: Reference):
         self.beta = beta
@@ -267,6 +270,16 @@ class Dpo:
                 "truncation to seq_len"
             )
         return pairs
+
+    def encode_record(
+        self, record: dict[str, Any], tokenizer: Tokenizer, seq_len: int
+    ) -> tuple[Example, ...] | None:
+        pair = encode_pair(record, tokenizer, seq_len)
+        return None if pair is None else (pair.chosen, pair.rejected)
+
+    def example(self, sequences: Sequence[Example], source: int) -> Any:
+        chosen, rejected = sequences
+        return Pair(chosen, rejected, source)
 
     def collate(self, examples: Sequence[Any], pad_id: int, pack_to: int | None) -> Batch:
         return collate_pairs(examples, pad_id, pack_to)

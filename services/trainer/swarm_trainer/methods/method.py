@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 import torch
 
-from swarm_trainer.data import Batch, Tokenizer
+from swarm_trainer.data import Batch, Example, Tokenizer
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,9 @@ class Method(Protocol):
     name: str
     eval_sums: int  # how many sums ``eval_stats`` gives
     sequences: int  # sequences per example (a micro-batch of b examples holds b x this)
+    # The token cache's name for what ``encode_record`` makes of a record: change it when that
+    # changes, and runs stop reading the entries tokenized before.
+    encoding: str
 
     def encode(
         self,
@@ -44,6 +47,17 @@ class Method(Protocol):
         """The records as examples (each with its record's index, ``sources``), dropping those
         with nothing left to learn from after truncation to ``seq_len``; a ``DatasetError``
         when a record is not of the method's format or none is left."""
+        ...
+
+    def encode_record(
+        self, record: dict[str, Any], tokenizer: Tokenizer, seq_len: int
+    ) -> tuple[Example, ...] | None:
+        """One record's ``sequences`` token sequences, as the token cache keeps them; None when
+        it leaves nothing to learn from; a ``DatasetError`` when it is not the method's format."""
+        ...
+
+    def example(self, sequences: Sequence[Example], source: int) -> Any:
+        """What ``collate`` takes, from one record's sequences (``encode_record``'s)."""
         ...
 
     def collate(self, examples: Sequence[Any], pad_id: int, pack_to: int | None) -> Batch:

@@ -14,6 +14,7 @@ loss is the mean over every target token of the step.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -163,6 +164,7 @@ class Sft:
     name = "sft"
     eval_sums = 2  # loss x targets, targets
     sequences = 1  # per example
+    encoding = "sft1"  # ``encode_example``'s tokens (see ``Method.encoding``)
 
     def encode(
         self,
@@ -172,6 +174,16 @@ class Sft:
         sources: Sequence[int] | None = None,
     ) -> list[Any]:
         return list(tokenize(records, tokenizer, seq_len, sources))
+
+    def encode_record(
+        self, record: dict[str, Any], tokenizer: Tokenizer, seq_len: int
+    ) -> tuple[Example, ...] | None:
+        example = encode_example(record, tokenizer, seq_len)
+        return None if example is None else (example,)
+
+    def example(self, sequences: Sequence[Example], source: int) -> Any:
+        (example,) = sequences
+        return dataclasses.replace(example, source=source)
 
     def collate(self, examples: Sequence[Any], pad_id: int, pack_to: int | None) -> Batch:
         return collate_rows(examples, pad_id, pack_to)
