@@ -18,7 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from swarm_runtime.settings import Settings
-from swarm_runtime.store import NotFound, is_unreachable, open_store
+from swarm_runtime.store import NotFound, open_store
+from swarm_runtime.store_outage import is_unreachable
 
 from ..conftest import S3Server
 

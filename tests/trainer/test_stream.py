@@ -25,15 +25,12 @@ from swarm_trainer.stream import (
     FrameSource,
     FrameSplit,
     Holdout,
-    Position,
-    ResumeMismatch,
     Share,
     TrainStream,
-    load_position,
-    save_position,
     source_id,
     validation_examples,
 )
+from swarm_trainer.stream_position import Position, ResumeMismatch, load_position, save_position
 from swarm_trainer.token_cache import (
     CorruptTokens,
     FrameTokens,

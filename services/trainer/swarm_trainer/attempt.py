@@ -37,7 +37,8 @@ from swarm_contracts.layout import CHECKPOINTS_KEPT
 from swarm_contracts.registry import RegisterAdapter
 from swarm_contracts.verification import ReplayReport
 from swarm_contracts.workers import Assignment, AttemptStatus
-from swarm_runtime.store import ObjectStore, is_unreachable
+from swarm_runtime.store import ObjectStore
+from swarm_runtime.store_outage import is_unreachable
 from swarm_trainer import reports
 from swarm_trainer.hooks import LoopHooks
 from swarm_trainer.job_trace import JobTrace

@@ -65,10 +65,9 @@ from swarm_trainer.stream import (
     Share,
     TrainStream,
     held_out_rows,
-    load_position,
-    save_position,
     validation_examples,
 )
+from swarm_trainer.stream_position import load_position, save_position
 from swarm_trainer.task_eval import EvalRow, eval_rows, run_evals
 from swarm_trainer.token_cache import TokenCache, tokenizer_digest
 from swarm_trainer.train_state import TrainState

@@ -252,7 +252,7 @@ class SignedStore(ObjectStore):
             raise StoreAccessRefused(f"the registry granted {op} {key} without a URL", "internal")
         request = _client().build_request(grant.method, grant.url, **kwargs)
         # A store that refuses connections (restarting, a network blip) is waited out as the
-        # keyed store does (swarm_runtime.store.OUTAGE_RETRIES): nothing was sent yet, so
+        # keyed store does (swarm_runtime.store_outage.OUTAGE_RETRIES): nothing was sent yet, so
         # even a file body can go again.
         for attempt in Retrying(
             stop=stop_after_delay(STORE_OUTAGE_S),

@@ -24,10 +24,10 @@ A thread reads, decompresses, parses and tokenizes the frames ahead of the loop,
 ``PREFETCH_FRAMES`` of them, so memory stays flat whatever the dataset's size.
 
 Where the stream is (``Position``: epoch, frame ordinal in the epoch's order, offset in the
-frame's order) is saved in each checkpoint, per rank (``save_position``), and a resumed run
+frame's order) is saved in each checkpoint, per rank (``stream_position``), and a resumed run
 starts there: the same batches, in the same order, as the run that saved it would have seen.
 A run with another number of ranks would cut other shares, so it is refused
-(``ResumeMismatch``) rather than resumed with other data.
+(``stream_position.ResumeMismatch``) rather than resumed with other data.
 """
 
 from __future__ import annotations
@@ -37,13 +37,13 @@ import queue
 import random
 import threading
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 from swarm_runtime.dataset_frames import DatasetFrames
 from swarm_trainer.data import Batch, DatasetError, Example, Tokenizer, split_holdout
 from swarm_trainer.methods.method import Method
+from swarm_trainer.stream_position import Position
 from swarm_trainer.task_eval import EvalRow, eval_row
 from swarm_trainer.token_cache import FrameTokens, Layout, TokenCache
 
@@ -205,16 +205,6 @@ class Share:
 
     def mine(self, records: list[int]) -> list[int]:
         return records[self.rank :: self.world] if self.interleaved else records
-
-
-@dataclass(frozen=True)
-class Position:
-    """The next example of a rank's stream: ``offset`` into the (shuffled) training examples
-    of the ``ordinal``-th frame of epoch ``epoch``'s frame order."""
-
-    epoch: int = 0
-    ordinal: int = 0
-    offset: int = 0
 
 
 @dataclass
@@ -458,60 +448,3 @@ def held_out_rows(source: FrameSource, holdout: Holdout, limit: int) -> list[Eva
             "the eval set has no prompt/completion or chat row ending in an assistant turn to grade"
         )
     return rows
-
-
-# --- the position in a checkpoint ------------------------------------------------------------
-
-
-class ResumeMismatch(ValueError):
-    """A checkpoint whose data position this run cannot take up."""
-
-
-def position_file(rank: int) -> str:
-    return f"data_rank{rank}.json"
-
-
-def save_position(
-    directory: Path, rank: int, world: int, index: int, at: Position, dataset: str
-) -> None:
-    """``dataset``: the training set's sha256, whose stream ``at`` is a place in."""
-    body = {"world": world, "data_index": index, "dataset": dataset, **asdict(at)}
-    (directory / position_file(rank)).write_text(json.dumps(body))
-
-
-def _other_world(saved: int, world: int) -> ResumeMismatch:
-    def workers(n: int) -> str:
-        return f"{n} worker{'' if n == 1 else 's'}"
-
-    return ResumeMismatch(
-        f"the checkpoint was saved by {workers(saved)} and this run has {world}: a streamed "
-        "dataset is sharded by the number of workers, so a run resumes with the number it "
-        "started with (resources.workers)"
-    )
-
-
-def load_position(
-    directory: Path, rank: int, world: int, index: int, dataset: str
-) -> Position | None:
-    """Where this rank's stream of ``dataset`` (its sha256) was at micro-batch ``index`` when
-    the checkpoint was saved; None for a checkpoint from before positions were saved, or one
-    saved on another dataset (a fork with ``from_checkpoint_optimizer`` that trains on other
-    data): the stream then counts its way there, as an in-memory sampler indexes its
-    examples. ``ResumeMismatch`` when the checkpoint was saved by another number of ranks."""
-    path = directory / position_file(rank)
-    saved = sorted(directory.glob("data_rank*.json"))
-    if not saved:
-        return None
-    if json.loads(saved[0].read_text()).get("dataset", dataset) != dataset:
-        return None
-    if not path.is_file():
-        raise _other_world(len(saved), world)
-    body = json.loads(path.read_text())
-    if int(body["world"]) != world:
-        raise _other_world(int(body["world"]), world)
-    if int(body["data_index"]) != index:
-        raise ResumeMismatch(
-            f"the checkpoint's data position is for micro-batch {body['data_index']}, "
-            f"its training state for {index}"
-        )
-    return Position(int(body["epoch"]), int(body["ordinal"]), int(body["offset"]))
