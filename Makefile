@@ -43,11 +43,13 @@ demo: setup
 	$(VENV)/bin/swarm demo
 
 # mypy runs beside the tests (its minute of CPU overlaps their waits on other processes);
-# either failing fails the target.
+# either failing fails the target. Files go to the two workers whole, heaviest first in
+# tests/conftest.py's order: xdist would otherwise hand out the files with the most tests
+# first, so the one-test fault files of several minutes each started last.
 test: setup chromium
 	$(VENV)/bin/ruff check .
 	@$(MAKE) --no-print-directory typecheck > .typecheck.log 2>&1 & mypy=$$!; \
-	$(VENV)/bin/pytest -n 2 --dist loadfile; tests=$$?; \
+	$(VENV)/bin/pytest -n 2 --dist loadfile --no-loadscope-reorder; tests=$$?; \
 	wait $$mypy; typed=$$?; cat .typecheck.log; \
 	[ $$typed -eq 0 ] || echo "make typecheck failed (above)"; \
 	[ $$tests -eq 0 ] && [ $$typed -eq 0 ]
