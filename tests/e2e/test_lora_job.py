@@ -85,8 +85,9 @@ def test_a_job_trains_and_registers_an_adapter_with_its_lineage(stack: Stack, tm
     for key in cached:
         entry, name = key.rsplit("/", 2)[-2:]
         entries.setdefault(entry, []).append(name)
-    [mine] = [e for e in entries if e.endswith("-s64-sft1")], entries
-    assert sorted(entries[mine]) == ["frame-000000.safetensors.zst", "layout.json"]
+    mine = [e for e in entries if "-s64-sft1" in e]
+    assert len(mine) == 1, entries
+    assert sorted(entries[mine[0]]) == ["frame-000000.safetensors.zst", "layout.json"]
 
     # The adapter loads onto the base model with PEFT and changes what the model says.
     adapter_dir = tmp_path / "adapter"
