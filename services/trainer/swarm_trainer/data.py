@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -92,19 +92,26 @@ def count_targets(labels: torch.Tensor) -> int:
     return int((labels[:, 1:] != IGNORE_INDEX).sum())
 
 
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
+def parse_jsonl(lines: Iterable[str | bytes], where: str = "") -> list[dict[str, Any]]:
+    """JSONL's records (blank lines skipped); ``DatasetError`` names a bad line, after
+    ``where`` (e.g. ``"frame 3, "``)."""
     records: list[dict[str, Any]] = []
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DatasetError(f"{where}line {lineno}: not JSON ({exc.msg})") from exc
+        if not isinstance(record, dict):
+            raise DatasetError(f"{where}line {lineno}: expected a JSON object")
+        records.append(record)
+    return records
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
     with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DatasetError(f"line {lineno}: not JSON ({exc.msg})") from exc
-            if not isinstance(record, dict):
-                raise DatasetError(f"line {lineno}: expected a JSON object")
-            records.append(record)
+        records = parse_jsonl(f)
     if not records:
         raise DatasetError(f"{path.name}: no examples")
     return records

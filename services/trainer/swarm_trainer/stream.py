@@ -32,7 +32,6 @@ A run with another number of ranks would cut other shares, so it is refused
 
 from __future__ import annotations
 
-import json
 import queue
 import random
 import threading
@@ -41,7 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from swarm_runtime.dataset_frames import DatasetFrames
-from swarm_trainer.data import Batch, DatasetError, Example, Tokenizer, split_holdout
+from swarm_trainer.data import Batch, DatasetError, Example, Tokenizer, parse_jsonl, split_holdout
 from swarm_trainer.methods.method import Method
 from swarm_trainer.stream_position import Position
 from swarm_trainer.task_eval import EvalRow, eval_row
@@ -66,18 +65,7 @@ def source_id(frame: int, record: int) -> int:
 
 def parse_frame(data: bytes, frame: int) -> list[dict[str, Any]]:
     """The frame's records (blank lines skipped); ``DatasetError`` names a bad line."""
-    records: list[dict[str, Any]] = []
-    for number, line in enumerate(data.split(b"\n"), 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise DatasetError(f"frame {frame}, line {number}: not JSON ({exc.msg})") from exc
-        if not isinstance(record, dict):
-            raise DatasetError(f"frame {frame}, line {number}: expected a JSON object")
-        records.append(record)
-    return records
+    return parse_jsonl(data.split(b"\n"), f"frame {frame}, ")
 
 
 @dataclass(frozen=True)
