@@ -315,11 +315,7 @@ class S3Store(ObjectStore):
             resp = self.client.get_object(self.bucket, validate_key(key))
         except Exception as exc:
             raise self._not_found(exc, key) from exc
-        try:
-            return resp.read()
-        finally:
-            resp.close()
-            resp.release_conn()
+        return _read_whole(resp)
 
     def get_range(self, key: str, start: int, length: int) -> bytes:
         from minio.error import S3Error
@@ -338,11 +334,7 @@ class S3Store(ObjectStore):
                 self.size(key)  # NotFound when it is not the range but the object
                 return b""
             raise self._not_found(exc, key) from exc
-        try:
-            return resp.read()
-        finally:
-            resp.close()
-            resp.release_conn()
+        return _read_whole(resp)
 
     def size(self, key: str) -> int:
         found = self.stat_size(key)
@@ -447,6 +439,15 @@ class S3Store(ObjectStore):
 def _check_range(start: int, length: int) -> None:
     if start < 0 or length < 0:
         raise ValueError(f"a byte range starts and runs at 0 or more, got {start}+{length}")
+
+
+def _read_whole(resp: Any) -> bytes:
+    """A minio response's body, its connection handed back to the pool however the read ends."""
+    try:
+        return resp.read()
+    finally:
+        resp.close()
+        resp.release_conn()
 
 
 def open_store(settings: Settings | None = None, url: str | None = None) -> ObjectStore:
