@@ -328,15 +328,6 @@ class SignedStore(ObjectStore):
             return b""
         return data[start : start + length] if whole else data
 
-    def size(self, key: str) -> int:
-        found = self.stat_size(key)
-        if found is None:
-            raise NotFound(key)
-        return found
-
-    def exists(self, key: str) -> bool:
-        return self.stat_size(key) is not None
-
     def stat_size(self, key: str) -> int | None:
         objects = self.grant("head", validate_key(key)).objects
         return objects[0].size if objects else None

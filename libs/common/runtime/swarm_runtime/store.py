@@ -67,11 +67,18 @@ class ObjectStore(ABC):
         none past it. What lets a reader take its share of a large object and no more."""
 
     @abstractmethod
+    def stat_size(self, key: str) -> int | None:
+        """The object's size in bytes; None when there is no such object."""
+
     def size(self, key: str) -> int:
         """The object's size in bytes (``NotFound`` when there is none)."""
+        found = self.stat_size(key)
+        if found is None:
+            raise NotFound(key)
+        return found
 
-    @abstractmethod
-    def exists(self, key: str) -> bool: ...
+    def exists(self, key: str) -> bool:
+        return self.stat_size(key) is not None
 
     @abstractmethod
     def list(self, prefix: str) -> list[str]:
@@ -187,14 +194,9 @@ class LocalStore(ObjectStore):
             f.seek(start)
             return f.read(length)
 
-    def size(self, key: str) -> int:
+    def stat_size(self, key: str) -> int | None:
         src = self._path(key)
-        if not src.is_file():
-            raise NotFound(key)
-        return src.stat().st_size
-
-    def exists(self, key: str) -> bool:
-        return self._path(key).is_file()
+        return src.stat().st_size if src.is_file() else None
 
     def list(self, prefix: str) -> list[str]:
         base = self._path(prefix, prefix=True)
@@ -336,21 +338,6 @@ class S3Store(ObjectStore):
             raise self._not_found(exc, key) from exc
         return _read_whole(resp)
 
-    def size(self, key: str) -> int:
-        found = self.stat_size(key)
-        if found is None:
-            raise NotFound(key)
-        return found
-
-    def exists(self, key: str) -> bool:
-        try:
-            self.client.stat_object(self.bucket, validate_key(key))
-            return True
-        except Exception as exc:
-            if isinstance(self._not_found(exc, key), NotFound):
-                return False
-            raise
-
     def list(self, prefix: str) -> list[str]:
         validate_key(prefix, prefix=True)
         return sorted(
@@ -402,7 +389,6 @@ class S3Store(ObjectStore):
         return client.get_presigned_url(method, self.bucket, validate_key(key), expires=expires)
 
     def stat_size(self, key: str) -> int | None:
-        """The object's size; None when there is no such object."""
         try:
             stat = self.client.stat_object(self.bucket, validate_key(key))
         except Exception as exc:
