@@ -97,7 +97,9 @@ def test_the_adapter_beats_the_base_on_held_out_prompts(stack: Stack, tmp_path: 
     # The live line (the one with the throughput): which step it last showed depends on how
     # the progress events interleave with the end under load, the evaluation's never.
     # A console that is no terminal may print the line more than once: the last is the end.
-    live = [line for line in result.output.splitlines() if "tok/s" in line][-1]
+    lines = [line for line in result.output.splitlines() if "tok/s" in line]
+    assert lines, result.output
+    live = lines[-1]
     assert "/16" in live, result.output
     assert f"exact_match {found[-1].metrics['exact_match']:.2f}" in live, result.output
 

@@ -19,8 +19,11 @@ def test_add_list_remove_and_reload(tmp_path: Path) -> None:
     conf = tmp_path / "nats-auth.conf"
     conf.write_text(CONFIG.read_text())
     creds = tmp_path / "creds"
-    # Stands in for nats-server: a process that SIGHUP ends, so the test sees it was sent.
-    server = subprocess.Popen(["sleep", "60"])
+    # Stands in for nats-server: a process that SIGHUP ends, so the test sees it was sent
+    # (SIGHUP's default restored: a suite run under nohup would have it ignored, and inherited).
+    server = subprocess.Popen(
+        ["sleep", "60"], preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    )
     pid_file = tmp_path / "nats.pid"
     pid_file.write_text(f"{server.pid}\n")
     runner = CliRunner()

@@ -367,6 +367,34 @@ async def test_a_run_that_fails_after_its_lease_lapsed_sends_no_final_event(
     await agent.broker.stop()
 
 
+async def test_a_progress_event_that_nats_cannot_take_now_is_sent_once_it_can(
+    settings: Settings, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A NATS restart while the trainer steps: the step's progress is retried, not dropped
+    (followers and the invariants of tests/soak count on every step's event)."""
+    from swarm_trainer import reports
+    from swarm_trainer.attempt import Attempt
+
+    agent = await bare_agent(settings)
+    sent: list[int] = []
+    failures = iter([TimeoutError(), ConnectionError("nats: unexpected EOF")])
+
+    async def emit(event: Any, step: int | str = "") -> None:
+        failure = next(failures, None)
+        if failure is not None:
+            raise failure
+        sent.append(event.step)
+
+    monkeypatch.setattr(agent, "emit", emit)
+    job = make_assignment(open_store(settings), tiny_model_dir, worker_id="w-test", attempt=1)
+    attempt = Attempt(agent, job)
+    progress = dict(max_steps=2, loss=1.0, lr=1e-3, tokens_per_s=1.0, elapsed_s=1.0, step_s=1.0)
+    await attempt._advise(reports.Progress(step=1, **progress))
+    await attempt._advise(reports.Progress(step=2, **progress))
+    assert sent == [1, 2]
+    await agent.broker.stop()
+
+
 async def test_an_agent_that_missed_the_pause_request_hands_the_job_back_at_its_next_check(
     settings: Settings, tiny_model_dir: Path
 ) -> None:

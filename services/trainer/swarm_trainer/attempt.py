@@ -44,7 +44,7 @@ from swarm_trainer.hooks import LoopHooks
 from swarm_trainer.job_trace import JobTrace
 from swarm_trainer.metrics import TrainerMetrics
 from swarm_trainer.registration import Worker, lineage, register, trainers
-from swarm_trainer.report_events import job_event
+from swarm_trainer.report_events import job_event, send_advisory
 from swarm_trainer.settings import TrainerSettings
 from swarm_trainer.signed_store import SignedAccess, SignedStore
 
@@ -395,9 +395,9 @@ class Attempt:
     # --- rank 0's reports ------------------------------------------------------------------
 
     async def _advise(self, report: reports.Report) -> None:
-        """``_on_report``, whose events are advisory: one that cannot be published now (NATS
-        slow to acknowledge on a loaded machine) is logged, and the training goes on (the
-        checkpoints and the result are in the store, the terminal event is the attempt's own)."""
+        """``_on_report``, whose events are advisory: one that cannot be published within
+        ``report_events.ADVISORY_RETRY_S`` is logged, and the training goes on (the checkpoints
+        and the result are in the store, the terminal event is the attempt's own)."""
         try:
             await self._on_report(report)
         except Exception:
@@ -429,7 +429,10 @@ class Attempt:
                 await self._announce_checkpoint(report)
         event = job_event(job, report)
         if event is not None:
-            await self.host.emit(event, event.step)
+            await self._publish(event, event.step)
+
+    async def _publish(self, event: JobEvent, step: int) -> None:
+        await send_advisory(self.host.emit, event, step, give_up=lambda: self.superseded)
 
     async def _announce_checkpoint(self, report: reports.CheckpointReported) -> None:
         """Once Ray committed it: whoever reads the event may count on resuming from it."""
@@ -451,7 +454,7 @@ class Attempt:
             return
         self.checkpoints.append(step)
         key = checkpoint_key(job.job_id, job.attempt, report.dir_name)
-        await self.host.emit(
+        await self._publish(
             CheckpointSaved(job_id=job.job_id, attempt=job.attempt, step=step, store_key=key),
             step,
         )

@@ -24,8 +24,11 @@ from swarm_trainer.reports import Report
 QUEUE_SIZE = 10_000
 CANCEL = 1
 RELEASE = 2
-# Ray Train's own default timeout for starting a worker group.
-GROUP_START_WAIT_S = 60.0
+# How long an abort waits at most for a starting worker group to hand over its placement group
+# before it kills the controller anyway (leaving the group's CPUs reserved): starting the ranks
+# (importing torch, initialising the train context) takes minutes on a loaded machine, beyond
+# Ray Train's own 60 s for the placement group alone.
+GROUP_START_WAIT_S = 300.0
 
 
 @ray.remote(num_cpus=0)
@@ -50,8 +53,12 @@ class JobControl:
             self._kill()
 
     def group_starting(self) -> None:
-        """The controller is about to create the worker group's placement group."""
+        """The controller is about to create the worker group's placement group: if the run
+        was aborted meanwhile (a start that failed and is retried), it is killed now, before
+        there is a group to leave behind."""
         self._group_starting = True
+        if self._aborted:
+            self._kill()
 
     def add_placement_group(self, placement_group: Any) -> None:
         """The run's worker group started in ``placement_group`` (``swarm_trainer.abort``)."""
@@ -65,9 +72,10 @@ class JobControl:
         ranks, which it owns) now or as soon as it starts.
 
         While the worker group starts, its placement group exists but is not known here yet:
-        the kill waits until it is (``add_placement_group``), as removing it is the only way
-        to give its CPUs back, or ``GROUP_START_WAIT_S`` at most. Nobody waits on the kill:
-        the agent has reported the stop and let go of the job already."""
+        the kill waits until it is (``add_placement_group``), or the start is retried
+        (``group_starting``), as removing it is the only way to give its CPUs back; or
+        ``GROUP_START_WAIT_S`` at most. Nobody waits on the kill: the agent has reported the
+        stop and let go of the job already."""
         self._mode, self._aborted = CANCEL, True
         if self._group_starting:
             threading.Timer(GROUP_START_WAIT_S, self._kill).start()

@@ -8,11 +8,38 @@ whether or not rank 0 got to report.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
+from tenacity import AsyncRetrying, stop_after_delay, wait_exponential
+
 from swarm_contracts.evals import EvalResult
-from swarm_contracts.events import Progress, Validated
+from swarm_contracts.events import JobEvent, Progress, Validated
 from swarm_contracts.methods import PreferenceMetrics
 from swarm_contracts.workers import Assignment
 from swarm_trainer import reports
+
+# How long an advisory event (progress, evaluation, checkpoint) is retried while NATS is
+# unreachable (a restart, a dropped link) before it is logged and dropped: the reports wait in
+# the run's queue meanwhile, so a short outage costs no step's event.
+ADVISORY_RETRY_S = 60.0
+
+
+async def send_advisory(
+    emit: Callable[[JobEvent, int], Awaitable[None]],
+    event: JobEvent,
+    step: int,
+    give_up: Callable[[], bool],
+) -> None:
+    """``emit`` the event, retried through an outage of NATS (its message id makes a retry of
+    one stored after all a duplicate, which the stream drops) until ``give_up`` (a superseded
+    attempt: the scheduler ignores its events anyway)."""
+    async for retry in AsyncRetrying(
+        stop=stop_after_delay(ADVISORY_RETRY_S) | (lambda _: give_up()),
+        wait=wait_exponential(multiplier=0.2, max=2.0),
+        reraise=True,
+    ):
+        with retry:
+            await emit(event, step)
 
 
 def job_event(job: Assignment, report: reports.Report) -> Progress | Validated | None:
