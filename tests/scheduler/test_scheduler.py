@@ -149,7 +149,8 @@ async def test_a_lost_worker_s_job_moves_on_and_its_late_result_is_rejected(
         await harness.emit(Succeeded(job_id=job_id, attempt=1, adapter=adapter))  # late, stale
         await asyncio.sleep(0.5)
         stale = await harness.jobs.get(job_id)
-        assert stale is not None and stale[0].state == JobState.assigned
+        assert stale is not None
+        assert stale[0].state == JobState.assigned
 
         await harness.emit(Started(job_id=job_id, attempt=2, worker_id="w2"))
         await harness.emit(Succeeded(job_id=job_id, attempt=2, adapter=adapter))

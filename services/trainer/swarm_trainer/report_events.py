@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
-from tenacity import AsyncRetrying, stop_after_delay, wait_exponential
+from tenacity import AsyncRetrying, RetryCallState, stop_after_delay, wait_exponential
 
 from swarm_contracts.evals import EvalResult
 from swarm_contracts.events import JobEvent, Progress, Validated
@@ -33,8 +33,13 @@ async def send_advisory(
     """``emit`` the event, retried through an outage of NATS (its message id makes a retry of
     one stored after all a duplicate, which the stream drops) until ``give_up`` (a superseded
     attempt: the scheduler ignores its events anyway)."""
+    patience = stop_after_delay(ADVISORY_RETRY_S)
+
+    def stop(state: RetryCallState) -> bool:
+        return give_up() or patience(state)
+
     async for retry in AsyncRetrying(
-        stop=stop_after_delay(ADVISORY_RETRY_S) | (lambda _: give_up()),
+        stop=stop,
         wait=wait_exponential(multiplier=0.2, max=2.0),
         reraise=True,
     ):
