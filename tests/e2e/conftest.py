@@ -93,6 +93,16 @@ def upload_ok_dataset(stack: Stack, tmp_path: Path) -> str:
 
 
 @pytest.fixture(autouse=True)
+def _wide_cli(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CLI's console 200 columns wide for every test here. ``COLUMNS`` in a CliRunner's
+    env is not enough: rich fixes a console's width when it is made if ``COLUMNS`` is set then,
+    and in a long-lived test process that may have been 80 (another test's CliRunner)."""
+    from swarm.cli.output import out
+
+    monkeypatch.setattr(out, "console", Console(width=200))
+
+
+@pytest.fixture(autouse=True)
 def _show_service_logs_on_failure(request: pytest.FixtureRequest, stack: Stack) -> Iterator[None]:
     yield
     report = getattr(request.node, "rep_call", None)
