@@ -68,6 +68,7 @@ asyncapi: setup
 bench: setup
 	$(PY) bench/train_throughput.py
 	$(PY) bench/scheduler.py --workers 100 1000 --burst 2000 --seconds 10 --repeat 5
+	$(PY) bench/first_job.py --rounds 3
 	$(PY) bench/inference.py --adapters 1 8 32 --requests 32 --tokens 16 --repeats 3 --threads 1
 	$(PY) bench/model_cache.py --repeats 3 --link-mbit 0 200
 	$(PY) bench/quality.py --repeats 3
