@@ -16,7 +16,7 @@ from swarm_contracts.layout import dataset_key
 from swarm_runtime.dataset_codec import CorruptDataset
 from swarm_runtime.store import LocalStore
 from swarm_trainer import fetch
-from swarm_trainer.cache import CacheError, TransferCache
+from swarm_trainer.cache import CacheError, TransferCache, keep_compiled_kernels
 from swarm_trainer.data import read_jsonl
 from swarm_trainer.fetch import DATASET_FILE
 
@@ -236,3 +236,13 @@ def test_a_truncated_stored_dataset_is_an_error_and_not_cached(tmp_path: Path) -
     with pytest.raises(CorruptDataset, match="ends early"), fetch.dataset(cache, store, info):
         pass
     assert cache.entries("datasets") == []
+
+
+def test_compiled_kernels_are_kept_in_the_work_dir_unless_the_operator_chose(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.setenv("TRITON_CACHE_DIR", "/operators/own/triton")
+    keep_compiled_kernels(tmp_path / "work")
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "work/compiled/inductor")
+    assert os.environ["TRITON_CACHE_DIR"] == "/operators/own/triton"

@@ -51,7 +51,7 @@ from swarm_runtime.tasks import cancel_and_wait
 from swarm_runtime.topology import ensure_topology, kv_bucket
 from swarm_trainer.attempt import PAUSE_REASON, Attempt
 from swarm_trainer.benchmark_history import Benchmarks
-from swarm_trainer.cache import CacheSettings
+from swarm_trainer.cache import CacheSettings, keep_compiled_kernels
 from swarm_trainer.hooks import agent_hooks
 from swarm_trainer.job_trace import note_event
 from swarm_trainer.metrics import TrainerMetrics
@@ -152,6 +152,7 @@ class TrainerAgent:
         if ray.is_initialized():
             return
         self._own_ray = True
+        keep_compiled_kernels(self.settings.work_dir)
         address = os.environ.get("RAY_ADDRESS")
         if address:
             ray.init(address=address)

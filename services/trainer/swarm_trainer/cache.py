@@ -49,6 +49,17 @@ _LOCKS, _TMP = ".locks", ".tmp"
 _ROUNDS = 5
 
 
+def keep_compiled_kernels(work_dir: Path) -> None:
+    """Keep torch.compile's and Triton's caches in the worker's work directory, for the ranks
+    (Ray's workers inherit this process's environment). Flex attention's block mask and
+    kernels are compiled on a rank's first step: over two minutes on a cold H200 (measured,
+    docs/performance.md), seconds once cached. The default, /tmp, is lost with a container;
+    an operator's own setting wins."""
+    compiled = Path(work_dir).resolve() / "compiled"
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(compiled / "inductor"))
+    os.environ.setdefault("TRITON_CACHE_DIR", str(compiled / "triton"))
+
+
 class CacheError(RuntimeError):
     pass
 
