@@ -144,6 +144,7 @@ class TrainerAgent:
         )
         await asyncio.to_thread(_load_training)
         self.resources = await asyncio.to_thread(detect_resources, self.settings.trainer_cpus)
+        keep_compiled_kernels(self.settings.work_dir)  # before Ray starts: its workers inherit it
         await asyncio.to_thread(self._init_ray)
 
     def _init_ray(self) -> None:
@@ -152,7 +153,6 @@ class TrainerAgent:
         if ray.is_initialized():
             return
         self._own_ray = True
-        keep_compiled_kernels(self.settings.work_dir)
         address = os.environ.get("RAY_ADDRESS")
         if address:
             ray.init(address=address)
