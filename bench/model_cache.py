@@ -202,15 +202,13 @@ def timed_run(
     job: Assignment, settings: TrainerSettings, store: ObjectStore
 ) -> tuple[float, float, str]:
     """(seconds to the first step, seconds of fetching, what came from the cache)."""
-    from ray.util.queue import Queue
+    from swarm_trainer.control import drain, make_control
 
-    queue = Queue()
+    control = make_control()
     began = time.time()
     # No Ray retries: a crashed rank would resume past the only step and time nothing.
-    run_job(job, settings, store, progress=queue, max_failures=0)
-    sent = []
-    while not queue.empty():
-        sent.append(queue.get())
+    run_job(job, settings, store, control=control, max_failures=0)
+    sent = drain(control, 0.0)
     started = next((m for m in sent if isinstance(m, reports.Started)), None)
     first = next((m for m in sent if isinstance(m, reports.Progress)), None)
     if started is None or first is None:

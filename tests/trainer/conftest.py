@@ -173,9 +173,8 @@ def make_assignment(
     )
 
 
-def drain(queue: Any) -> list[Report]:
-    """Everything rank 0 sent through a Ray progress queue, in order."""
-    messages: list[Report] = []
-    while not queue.empty():
-        messages.append(queue.get())
-    return messages
+def drain(control: Any) -> list[Report]:
+    """Everything rank 0 sent through the run's ``JobControl``, in order."""
+    from swarm_trainer.control import drain as take
+
+    return take(control, 0.0)

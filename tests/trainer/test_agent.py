@@ -335,7 +335,7 @@ async def test_a_run_that_fails_after_its_lease_lapsed_sends_no_final_event(
     def broken() -> None:
         raise OSError("the store went away")
 
-    monkeypatch.setattr(swarm_trainer.control, "make_channels", broken)
+    monkeypatch.setattr(swarm_trainer.control, "make_control", broken)
     agent = await bare_agent(settings)
     sent: list[tuple[str, int]] = []
 

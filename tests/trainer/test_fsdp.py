@@ -34,7 +34,7 @@ def run(
     tmp_path: Path, tiny_model_dir: Path, job_id: str, strategy: str, **kwargs: Any
 ) -> tuple[dict[int, float], dict[str, Any], LocalStore]:
     """(losses by step, the registered adapter's weights, the store) of one 2-worker run."""
-    from ray.util.queue import Queue
+    from swarm_trainer.control import make_control
 
     store = LocalStore(tmp_path / "store")
     settings = TrainerSettings(store_url=store.url, work_dir=tmp_path / "work")
@@ -46,10 +46,10 @@ def run(
         lora=LORA,
         resources={"workers": 2, "cpus_per_worker": 1, "strategy": strategy},
     )
-    queue = Queue()
-    result = run_job(job, settings, store, progress=queue, **kwargs)
+    control = make_control()
+    result = run_job(job, settings, store, control=control, **kwargs)
     assert result is not None
-    return losses_by_step(drain(queue)), registered(store, result.adapter_key, tmp_path), store
+    return losses_by_step(drain(control)), registered(store, result.adapter_key, tmp_path), store
 
 
 def registered(store: LocalStore, adapter_key: str, tmp_path: Path) -> dict[str, Any]:

@@ -55,7 +55,7 @@ class Reference:
 def reference(
     ray_cluster: None, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Reference:
-    from ray.util.queue import Queue
+    from swarm_trainer.control import make_control
 
     tmp_path = tmp_path_factory.mktemp("reference")
     store = LocalStore(tmp_path / "store")
@@ -68,10 +68,10 @@ def reference(
         lora=LORA,
         frame_bytes=FRAME,
     )
-    queue = Queue()
-    result = run_job(job, settings, store, progress=queue)
+    control = make_control()
+    result = run_job(job, settings, store, control=control)
     assert result is not None
-    expected = losses_by_step(drain(queue))
+    expected = losses_by_step(drain(control))
     assert sorted(expected) == list(range(1, 9))
     return Reference(expected, result, job, settings, store)
 
@@ -84,7 +84,7 @@ def crash_hooks(tmp_path: Path) -> CrashBeforeStep:
 def test_killed_run_resumes_exactly_from_last_committed_checkpoint(
     reference: Reference, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    from ray.util.queue import Queue
+    from swarm_trainer.control import make_control
 
     expected, ref_result = reference.losses, reference.result
     store = LocalStore(tmp_path / "store")
@@ -101,11 +101,11 @@ def test_killed_run_resumes_exactly_from_last_committed_checkpoint(
         frame_bytes=FRAME,
     )
     hooks = crash_hooks(tmp_path)
-    queue = Queue()
-    result = run_job(crashed, settings, store, progress=queue, max_failures=1, hooks=hooks)
+    control = make_control()
+    result = run_job(crashed, settings, store, control=control, max_failures=1, hooks=hooks)
     assert result is not None
     assert (tmp_path / "crashed-once").read_text() == "6"  # it really died at that point
-    messages = drain(queue)
+    messages = drain(control)
 
     # Two starts: from scratch, then from step 4, the last committed checkpoint; not from the
     # partial step-6 directory, which is still there.
@@ -135,7 +135,8 @@ def test_a_new_attempt_resumes_exactly_from_what_an_earlier_one_committed(
     reference: Reference, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     from ray.train import TrainingFailedError
-    from ray.util.queue import Queue
+
+    from swarm_trainer.control import make_control
 
     expected = reference.losses
     store = LocalStore(tmp_path / "store")
@@ -151,10 +152,10 @@ def test_a_new_attempt_resumes_exactly_from_what_an_earlier_one_committed(
     assert committed_checkpoint_step(store, job_id, 1) == 4
 
     second = first.model_copy(update={"attempt": 2, "worker_id": "w2"})
-    queue = Queue()
-    result = run_job(second, settings, store, progress=queue)
+    control = make_control()
+    result = run_job(second, settings, store, control=control)
     assert result is not None
-    messages = drain(queue)
+    messages = drain(control)
     assert resumed_from(messages) == [4]
     after = losses_by_step(messages)
     assert sorted(after) == [5, 6, 7, 8]
@@ -188,12 +189,12 @@ def test_a_fork_of_the_weights_trains_afresh_from_the_checkpoint_s_adapter(
     checkpoint of step 4 as the registry pins it (a copy among its own checkpoints), trains
     from step 0 with a fresh optimizer and schedule, its LoRA weights starting as the
     checkpoint's (a fresh LoRA's B matrices are all zeros)."""
-    from ray.util.queue import Queue
     from safetensors.torch import load_file
 
     from swarm_contracts.jobs import JobRecord
     from swarm_contracts.registry import ForkCheckpoint
     from swarm_registry.forks import pin
+    from swarm_trainer.control import make_control
 
     expected = reference.losses
     store = reference.store
@@ -213,10 +214,10 @@ def test_a_fork_of_the_weights_trains_afresh_from_the_checkpoint_s_adapter(
         store, tiny_model_dir, job_id=fork_id, training=training, lora=LORA, frame_bytes=FRAME
     ).model_copy(update={"fork": fork})
     settings = TrainerSettings(store_url=store.url, work_dir=tmp_path / "work")
-    queue = Queue()
-    result = run_job(job, settings, store, progress=queue)
+    control = make_control()
+    result = run_job(job, settings, store, control=control)
     assert isinstance(result, RunResult)
-    messages = drain(queue)
+    messages = drain(control)
     assert resumed_from(messages) == [0]
     # The same first batch as the reference's step 1, on weights four steps further on.
     assert losses_by_step(messages)[1] < expected[1]

@@ -20,9 +20,8 @@ pytestmark = pytest.mark.slow
 def test_a_run_with_evals_grades_each_validation_and_keeps_the_best_by_its_metric(
     ray_cluster: None, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    from ray.util.queue import Queue
-
     from swarm_contracts.evals import EvalResult, EvalSpec
+    from swarm_trainer.control import make_control
 
     store = LocalStore(tmp_path / "store")
     settings = TrainerSettings(store_url=store.url, work_dir=tmp_path / "work")
@@ -45,11 +44,11 @@ def test_a_run_with_evals_grades_each_validation_and_keeps_the_best_by_its_metri
     job = job.model_copy(
         update={"spec": job.spec.model_copy(update={"evals": evals}), "eval_dataset": eval_set}
     )
-    queue = Queue()
-    result = run_job(job, settings, store, progress=queue)
+    control = make_control()
+    result = run_job(job, settings, store, control=control)
     assert result is not None
 
-    validated = [m for m in drain(queue) if isinstance(m, reports.Validated)]
+    validated = [m for m in drain(control) if isinstance(m, reports.Validated)]
     # Step 0: the baseline (a fresh adapter is the base model), then each validation.
     assert [m.step for m in validated] == [0, 2, 4]
     found = [EvalResult.model_validate_json(m.evals or "") for m in validated]

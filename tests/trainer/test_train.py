@@ -51,17 +51,18 @@ def test_ray_train_run_checkpoints_and_learns(
     ray_cluster: None, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     from peft import PeftModel
-    from ray.util.queue import Queue
     from transformers import AutoModelForCausalLM
+
+    from swarm_trainer.control import make_control
 
     store = LocalStore(tmp_path / "store")
     settings = TrainerSettings(store_url=store.url, work_dir=tmp_path / "work")
     job = make_assignment(store, tiny_model_dir)
-    queue = Queue()
-    result = run_job(job, settings, store, progress=queue)
+    control = make_control()
+    result = run_job(job, settings, store, control=control)
     assert result is not None
 
-    messages = drain(queue)
+    messages = drain(control)
     assert isinstance(messages[0], reports.Started)
     assert isinstance(messages[-1], reports.Finished)
     progress = [m for m in messages if isinstance(m, reports.Progress)]
@@ -108,15 +109,15 @@ def test_ray_train_run_checkpoints_and_learns(
 def test_a_second_job_on_the_same_model_takes_it_from_the_cache(
     ray_cluster: None, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    from ray.util.queue import Queue
+    from swarm_trainer.control import make_control
 
     store = LocalStore(tmp_path / "store")
     settings = TrainerSettings(store_url=store.url, work_dir=tmp_path / "work")
     short = {"max_steps": 2, "eval_every": 2, "checkpoint_every": 2}
     first = make_assignment(store, tiny_model_dir, job_id="job-first", training=short)
-    queue = Queue()
-    assert run_job(first, settings, store, progress=queue) is not None
-    started = next(m for m in drain(queue) if isinstance(m, reports.Started))
+    control = make_control()
+    assert run_job(first, settings, store, control=control) is not None
+    started = next(m for m in drain(control) if isinstance(m, reports.Started))
     assert started.cached == ()
 
     # Every model and dataset byte in the store now says something else: a job that read any
@@ -124,6 +125,6 @@ def test_a_second_job_on_the_same_model_takes_it_from_the_cache(
     for key in [*store.list(first.base_model.store_key + "/"), first.dataset.store_key]:
         store.put_bytes(key, b"tampered")
     second = first.model_copy(update={"job_id": "job-second"})
-    assert run_job(second, settings, store, progress=queue) is not None
-    started = next(m for m in drain(queue) if isinstance(m, reports.Started))
+    assert run_job(second, settings, store, control=control) is not None
+    started = next(m for m in drain(control) if isinstance(m, reports.Started))
     assert started.cached == ("base_model", "dataset")

@@ -51,8 +51,6 @@ from swarm_trainer.signed_store import SignedAccess, SignedStore
 if TYPE_CHECKING:
     # Imported when first needed: torch, peft and Ray Train take tens of seconds to import on
     # a loaded machine, and the agent heartbeats before that (``agent._load_training``).
-    from ray.util.queue import Queue
-
     from swarm_trainer.run import RunResult
 
 log = logging.getLogger("swarm.trainer")
@@ -231,17 +229,16 @@ class Attempt:
 
     async def _run(self) -> None:
         job = self.job
-        progress: Queue | None = None
         try:
-            from swarm_trainer.control import make_channels
+            from swarm_trainer.control import make_control
 
-            progress, self.control = await asyncio.to_thread(make_channels)
+            self.control = await asyncio.to_thread(make_control)
             if self.cancel_requested or self.release_reason is not None:
                 # Asked while we were setting up: nothing to run, nothing to checkpoint.
                 await self._conclude(None)
                 return
-            fit = await self._start(progress)
-            await self._follow(fit, progress)
+            fit = await self._start()
+            await self._follow(fit)
             await self._conclude(fit.result())
         except asyncio.CancelledError:
             raise
@@ -263,10 +260,10 @@ class Attempt:
         finally:
             self.host.let_go(self)
             if self.control is not None:
-                from swarm_trainer.control import close_channels
+                from swarm_trainer.control import close_control
 
                 with contextlib.suppress(Exception):
-                    await asyncio.to_thread(close_channels, self.control, progress)
+                    await asyncio.to_thread(close_control, self.control)
 
     def _failure(self, exc: Exception) -> Failed | Released:
         from swarm_trainer.run import PreflightError
@@ -285,7 +282,7 @@ class Attempt:
         reason = str(exc) if isinstance(exc, PreflightError) else readable(exc)
         return Failed(**ids, reason=reason)
 
-    async def _start(self, progress: Queue) -> asyncio.Task[RunResult | ReplayReport | None]:
+    async def _start(self) -> asyncio.Task[RunResult | ReplayReport | None]:
         """Emit ``started`` and run the attempt on Ray (in a thread), from the checkpoint an
         earlier attempt committed, if any."""
         from swarm_trainer.run import run_job, starting_point
@@ -310,16 +307,13 @@ class Attempt:
                 job,
                 self.host.settings,
                 store,
-                progress,
                 self.control,
                 hooks=self.host.hooks,
                 resume=resume,
             )
         )
 
-    async def _follow(
-        self, fit: asyncio.Task[RunResult | ReplayReport | None], progress: Queue
-    ) -> None:
+    async def _follow(self, fit: asyncio.Task[RunResult | ReplayReport | None]) -> None:
         """Until the run ends, turn rank 0's reports into events, and every heartbeat
         interval check that the job record still gives this attempt to this worker."""
         from swarm_trainer.control import drain
@@ -330,9 +324,9 @@ class Attempt:
             if time.monotonic() >= next_check:
                 next_check = time.monotonic() + interval
                 await self.stop_if_superseded()
-            for report in await asyncio.to_thread(drain, progress, 0.5):
+            for report in await asyncio.to_thread(drain, self.control, 0.5):
                 await self._advise(report)
-        for report in await asyncio.to_thread(drain, progress, 0.0):
+        for report in await asyncio.to_thread(drain, self.control, 0.0):
             await self._advise(report)
 
     async def _conclude(self, result: RunResult | ReplayReport | None) -> None:

@@ -1,4 +1,5 @@
-"""The channels between a running job's rank 0 and the agent: reports out, cancel in.
+"""The channel between a running job's rank 0 and the agent: reports out, cancel in, both
+through the job's one ``JobControl`` actor (an actor is a process: one per attempt, not two).
 
 A stop comes in two kinds: ``CANCEL`` (stop now, save nothing) and ``RELEASE`` (commit a
 checkpoint of the current step, then stop: the job is handed back and resumes elsewhere).
@@ -15,13 +16,15 @@ import threading
 from typing import Any
 
 import ray
-from ray.util.queue import Queue
 
 from swarm_trainer.reports import Report
 
 # Reports are advisory; checkpoints and results go to the store, so a full queue only ever
 # costs progress events, never correctness.
 QUEUE_SIZE = 10_000
+# How long rank 0 waits for room for a report that is not progress (few: started, validated,
+# checkpointed) before it drops it.
+PUT_WAIT_S = 10.0
 CANCEL = 1
 RELEASE = 2
 # How long an abort waits at most for a starting worker group to hand over its placement group
@@ -31,17 +34,44 @@ RELEASE = 2
 GROUP_START_WAIT_S = 300.0
 
 
-@ray.remote(num_cpus=0)
+# The reports' methods run in a group of their own threads: the agent's ``take`` waits for a
+# report while rank 0 puts one, and neither may hold up a stop. The stop's methods keep the
+# default group's one thread, so they run one at a time, in the order they were sent.
+@ray.remote(num_cpus=0, concurrency_groups={"reports": 2})
 class JobControl:
-    """A stop flag the training loop polls every step (a few ms of Ray round trip), and the
-    run's Ray Train controller, to abort the run while no loop polls yet (``abort``)."""
+    """Rank 0's reports on their way to the agent; a stop flag the training loop polls every
+    step (a few ms of Ray round trip); and the run's Ray Train controller, to abort the run
+    while no loop polls yet (``abort``)."""
 
     def __init__(self) -> None:
+        self._reports: queue_mod.Queue[Report] = queue_mod.Queue(maxsize=QUEUE_SIZE)
         self._mode = 0
         self._controller: Any = None
         self._placement_groups: list[Any] = []
         self._group_starting = False
         self._aborted = False
+
+    @ray.method(concurrency_group="reports")
+    def put(self, report: Report, wait: bool) -> bool:
+        """Queue a report for the agent; False when there was no room (within ``PUT_WAIT_S``
+        if ``wait``)."""
+        try:
+            self._reports.put(report, block=wait, timeout=PUT_WAIT_S if wait else None)
+        except queue_mod.Full:
+            return False
+        return True
+
+    @ray.method(concurrency_group="reports")
+    def take(self, wait_s: float) -> list[Report]:
+        """Every report queued so far, waiting up to ``wait_s`` for the first one."""
+        items: list[Report] = []
+        try:
+            items.append(self._reports.get(block=wait_s > 0, timeout=wait_s or None))
+            while True:
+                items.append(self._reports.get_nowait())
+        except queue_mod.Empty:
+            pass
+        return items
 
     def cancel(self) -> None:
         self._mode = CANCEL
@@ -110,25 +140,17 @@ class JobControl:
         return self._mode
 
 
-def make_channels() -> tuple[Queue, Any]:
-    """(report queue, control actor) for one run; both live in the local Ray cluster."""
-    queue = Queue(maxsize=QUEUE_SIZE, actor_options={"num_cpus": 0})
-    return queue, JobControl.remote()  # type: ignore[attr-defined]
+def make_control() -> Any:
+    """The ``JobControl`` actor of one run, in the local Ray cluster."""
+    return JobControl.remote()  # type: ignore[attr-defined]
 
 
-def drain(progress: Queue, wait_s: float) -> list[Report]:
-    """Everything rank 0 has sent so far, waiting up to ``wait_s`` for the first item."""
-    items: list[Report] = []
-    try:
-        items.append(progress.get(block=wait_s > 0, timeout=wait_s or None))
-        while True:
-            items.append(progress.get_nowait())
-    except queue_mod.Empty:
-        pass
-    return items
+def drain(control: Any, wait_s: float) -> list[Report]:
+    """Everything rank 0 has sent so far, waiting up to ``wait_s`` for the first report."""
+    reports: list[Report] = ray.get(control.take.remote(wait_s))
+    return reports
 
 
-def close_channels(*handles: Any) -> None:
-    """Kill the actors behind a run's channels, once it is over."""
-    for handle in handles:
-        ray.kill(getattr(handle, "actor", handle))
+def close_control(control: Any) -> None:
+    """Kill the run's ``JobControl``, once the run is over."""
+    ray.kill(control)

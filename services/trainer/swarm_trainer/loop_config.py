@@ -16,7 +16,6 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 from ray.train import Checkpoint
-from ray.util.queue import Queue
 
 from swarm_contracts.workers import Assignment
 from swarm_runtime.settings import Settings
@@ -75,8 +74,7 @@ class LoopConfig(BaseModel):
     # A committed checkpoint of an earlier attempt (see ``checkpoint.prepare_resume``); a
     # retry within this run resumes from the run's own latest checkpoint instead.
     resume_from: Checkpoint | None = None
-    # Rank 0's reports to the agent, and the cancel flag (``control.make_channels``).
-    progress: Queue | None = None
+    # Rank 0's reports to the agent, and the cancel flag (``control.JobControl``).
     control: Any = None
     hooks: LoopHooks = Field(default_factory=LoopHooks)  # tests only
 

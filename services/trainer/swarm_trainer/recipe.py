@@ -255,7 +255,7 @@ def setup(config: LoopConfig, work: Path, held: contextlib.ExitStack) -> Recipe:
         scheduler=torch.optim.lr_scheduler.LambdaLR(
             optimizer, lr_lambda(t.warmup_steps, t.max_steps)
         ),
-        reporter=Reporter(config.progress, config.control, rank),
+        reporter=Reporter(config.control, rank),
         hooks=config.hooks,
         fetched=fetched,
         tokenizer=tokenizer,

@@ -8,8 +8,6 @@ from pathlib import Path
 from typing import Any
 
 from ray.train import Checkpoint, CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
-from ray.train.torch import TorchTrainer
-from ray.util.queue import Queue
 
 from swarm_contracts.layout import (
     CHECKPOINTS_KEPT,
@@ -25,6 +23,7 @@ from swarm_contracts.verification import ReplayReport
 from swarm_contracts.workers import Assignment
 from swarm_runtime.store import NotFound, ObjectStore
 from swarm_trainer.abort import RegisterController
+from swarm_trainer.attempt_trainer import AttemptTrainer
 from swarm_trainer.cache import CacheSettings
 from swarm_trainer.checkpoint import (
     ResumePoint,
@@ -149,7 +148,6 @@ def run_job(
     job: Assignment,
     settings: TrainerSettings,
     store: ObjectStore,
-    progress: Queue | None = None,
     control: Any = None,
     max_failures: int = DEFAULT_MAX_FAILURES,
     hooks: LoopHooks | None = None,
@@ -158,7 +156,7 @@ def run_job(
     """Train ``job`` to the end; None when it was cancelled (``control`` said so). A replay
     (``job.verify``) answers with what it measured instead.
 
-    ``progress`` and ``control``: the channels of ``control.make_channels``. ``resume``: what
+    ``control``: the run's ``control.JobControl`` (reports out, cancel in). ``resume``: what
     ``starting_point`` answered for this attempt (looked up when not given). ``hooks``: test
     instrumentation for the loop (see ``swarm_trainer.hooks``)."""
     preflight(job, store)
@@ -180,11 +178,10 @@ def run_job(
         work_dir=work_dir,
         cache=CacheSettings.of(settings),
         resume_from=resume_from,
-        progress=progress,
         control=control,
         hooks=hooks or LoopHooks(),
     )
-    trainer = TorchTrainer(
+    trainer = AttemptTrainer(
         train_loop,
         train_loop_config=config.for_ray(),
         scaling_config=ScalingConfig(

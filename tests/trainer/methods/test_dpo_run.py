@@ -30,7 +30,7 @@ REWARDS = {"reward_accuracy", "chosen_reward", "rejected_reward", "margin"}
 def test_a_dpo_job_reports_rewards_resumes_exactly_and_replays_to_the_same_adapter(
     ray_cluster: None, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    from ray.util.queue import Queue
+    from swarm_trainer.control import make_control
 
     store = LocalStore(tmp_path / "store")
     settings = TrainerSettings(store_url=store.url, work_dir=tmp_path / "work")
@@ -44,11 +44,11 @@ def test_a_dpo_job_reports_rewards_resumes_exactly_and_replays_to_the_same_adapt
     )
     # The worker dies before step 7, after committing step 4; Ray restarts the worker group.
     hooks = CrashBeforeStep(step=7, marker=str(tmp_path / "crashed-once"))
-    queue = Queue()
-    result = run_job(job, settings, store, progress=queue, max_failures=1, hooks=hooks)
+    control = make_control()
+    result = run_job(job, settings, store, control=control, max_failures=1, hooks=hooks)
     assert isinstance(result, RunResult)
     assert (tmp_path / "crashed-once").read_text() == "6"
-    messages = drain(queue)
+    messages = drain(control)
     assert [m.resumed_from_step for m in messages if isinstance(m, Started)] == [0, 4]
     restart = next(
         i for i, m in enumerate(messages) if isinstance(m, Started) and m.resumed_from_step == 4

@@ -1,0 +1,25 @@
+"""Ray Train's ``TorchTrainer`` as an attempt runs it: without Ray Data's ``DatasetsCallback``,
+which starts a ``DatasetManager`` actor (a process, and with it Ray Data's autoscaling
+coordinator) for every run, even one given no Ray Datasets. Swarm's ranks read their data from
+the store themselves (``swarm_trainer.stream``); a run given Ray Datasets keeps the callback.
+
+The placement-group cleaner stays: a run aborted while its ranks start (``JobControl.abort``)
+leaves a placement group that it removes (``tests/trainer/test_agent.py``).
+
+``_create_default_callbacks`` is Ray's own (private) hook; ``tests/trainer/test_attempt_trainer.py``
+fails if a Ray upgrade renames it or the callback.
+"""
+
+from __future__ import annotations
+
+from ray.train.torch import TorchTrainer
+from ray.train.v2._internal.callbacks.datasets import DatasetsCallback
+from ray.train.v2.api.callback import RayTrainCallback
+
+
+class AttemptTrainer(TorchTrainer):
+    def _create_default_callbacks(self) -> list[RayTrainCallback]:
+        callbacks = super()._create_default_callbacks()
+        if self.datasets:
+            return callbacks
+        return [c for c in callbacks if not isinstance(c, DatasetsCallback)]

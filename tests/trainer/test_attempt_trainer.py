@@ -1,0 +1,36 @@
+"""An attempt's Ray Train run starts no Ray Data actor it has no use for."""
+
+from __future__ import annotations
+
+from ray.train import ScalingConfig
+from ray.train.v2._internal.callbacks.backend_setup import BackendSetupCallback
+from ray.train.v2._internal.callbacks.datasets import DatasetsCallback
+from ray.train.v2._internal.callbacks.placement_group_callback import (
+    PlacementGroupCleanerCallback,
+)
+
+from swarm_trainer.attempt_trainer import AttemptTrainer
+
+
+def _noop(config: dict[str, object]) -> None:
+    pass
+
+
+def kinds(trainer: AttemptTrainer) -> set[type]:
+    return {type(c) for c in trainer._create_default_callbacks()}
+
+
+def test_the_dataset_manager_is_left_out() -> None:
+    trainer = AttemptTrainer(_noop, scaling_config=ScalingConfig(num_workers=1))
+    callbacks = kinds(trainer)
+    assert DatasetsCallback not in callbacks
+    # Ray Train's own setup stays, and the cleaner of an aborted run's placement group.
+    assert {BackendSetupCallback, PlacementGroupCleanerCallback} <= callbacks
+
+
+def test_a_run_given_ray_datasets_keeps_their_callback() -> None:
+    # A dataset factory (Ray calls it on the controller): no Ray cluster is needed to build one.
+    trainer = AttemptTrainer(
+        _noop, scaling_config=ScalingConfig(num_workers=1), datasets={"train": lambda: None}
+    )
+    assert DatasetsCallback in kinds(trainer)
