@@ -8,11 +8,11 @@ gives the job's ``JobControl`` its own handle as it starts, and ``JobControl.abo
 there.
 
 The worker group's placement group is handed over too, and removed by ``JobControl`` after
-the kill (which waits for it while the group starts). Ray Train's own cleaner for a dead
-controller's placement group asks Ray's state API, which needs the dashboard (the agent starts
-Ray without it) and a single Ray instance on the host: without either it never removes
-anything, and the killed run's CPUs stay reserved until the agent exits, so that the next
-attempt placed on this worker waits for them forever.
+the kill (which waits for it while the group starts), so that the killed run's CPUs do not stay
+reserved, leaving the next attempt placed on this worker waiting for them. Ray Train's own
+``PlacementGroupCleaner`` removes it too once the controller is dead; it is the one that does
+so promptly for a kill while the group starts (measured: without it the test of a cancel
+during the start found the group still there after 90 s), so ``AttemptTrainer`` keeps it.
 
 Its own module: the controller process unpickles this callback, and ``control`` is imported
 by the ``JobControl`` actor, which must not pay for importing Ray Train.
