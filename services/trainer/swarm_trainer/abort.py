@@ -20,10 +20,13 @@ by the ``JobControl`` actor, which must not pay for importing Ray Train.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import ray
 from ray.train.v2._internal.execution.callback import ControllerCallback, WorkerGroupCallback
+
+ABORTED_WAIT_S = 1.0
 
 
 class RegisterController(ControllerCallback, WorkerGroupCallback):
@@ -34,7 +37,11 @@ class RegisterController(ControllerCallback, WorkerGroupCallback):
         self.control.set_controller.remote(ray.get_runtime_context().current_actor)
 
     def before_worker_group_start(self, worker_group_context: Any) -> None:
-        ray.get(self.control.group_starting.remote())
+        # An aborted run's controller is being killed, and a kill takes effect a little later:
+        # it must not create a placement group meanwhile, which nobody would remove. So it
+        # waits here for the kill (or fails here if the control actor is gone).
+        while ray.get(self.control.group_starting.remote()):
+            time.sleep(ABORTED_WAIT_S)
 
     def after_worker_group_start(self, worker_group: Any) -> None:
         state = worker_group.get_worker_group_state()

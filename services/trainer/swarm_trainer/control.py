@@ -11,8 +11,9 @@ and peft would cost that process seconds of start-up); rank 0's end is ``reporte
 from __future__ import annotations
 
 import contextlib
-import queue as queue_mod
 import threading
+import time
+from collections import deque
 from typing import Any
 
 import ray
@@ -20,11 +21,10 @@ import ray
 from swarm_trainer.reports import Report
 
 # Reports are advisory; checkpoints and results go to the store, so a full queue only ever
-# costs progress events, never correctness.
+# costs events, never correctness (the agent takes them every half second).
 QUEUE_SIZE = 10_000
-# How long rank 0 waits for room for a report that is not progress (few: started, validated,
-# checkpointed) before it drops it.
-PUT_WAIT_S = 10.0
+# How often the agent asks for reports while it waits for one.
+TAKE_POLL_S = 0.1
 CANCEL = 1
 RELEASE = 2
 # How long an abort waits at most for a starting worker group to hand over its placement group
@@ -34,43 +34,33 @@ RELEASE = 2
 GROUP_START_WAIT_S = 300.0
 
 
-# The reports' methods run in a group of their own threads: the agent's ``take`` waits for a
-# report while rank 0 puts one, and neither may hold up a stop. The stop's methods keep the
-# default group's one thread, so they run one at a time, in the order they were sent.
-@ray.remote(num_cpus=0, concurrency_groups={"reports": 2})
+# One thread, no method that blocks: Ray runs a single-threaded actor's calls in the order each
+# caller sent them, which the stop's methods rely on (a threaded actor's need not be).
+@ray.remote(num_cpus=0)
 class JobControl:
     """Rank 0's reports on their way to the agent; a stop flag the training loop polls every
     step (a few ms of Ray round trip); and the run's Ray Train controller, to abort the run
     while no loop polls yet (``abort``)."""
 
     def __init__(self) -> None:
-        self._reports: queue_mod.Queue[Report] = queue_mod.Queue(maxsize=QUEUE_SIZE)
+        self._reports: deque[Report] = deque()
         self._mode = 0
         self._controller: Any = None
         self._placement_groups: list[Any] = []
         self._group_starting = False
         self._aborted = False
 
-    @ray.method(concurrency_group="reports")
-    def put(self, report: Report, wait: bool) -> bool:
-        """Queue a report for the agent; False when there was no room (within ``PUT_WAIT_S``
-        if ``wait``)."""
-        try:
-            self._reports.put(report, block=wait, timeout=PUT_WAIT_S if wait else None)
-        except queue_mod.Full:
+    def put(self, report: Report) -> bool:
+        """Queue a report for the agent; False (dropped) when ``QUEUE_SIZE`` wait already."""
+        if len(self._reports) >= QUEUE_SIZE:
             return False
+        self._reports.append(report)
         return True
 
-    @ray.method(concurrency_group="reports")
-    def take(self, wait_s: float) -> list[Report]:
-        """Every report queued so far, waiting up to ``wait_s`` for the first one."""
-        items: list[Report] = []
-        try:
-            items.append(self._reports.get(block=wait_s > 0, timeout=wait_s or None))
-            while True:
-                items.append(self._reports.get_nowait())
-        except queue_mod.Empty:
-            pass
+    def take(self) -> list[Report]:
+        """Every report queued so far, oldest first."""
+        items = list(self._reports)
+        self._reports.clear()
         return items
 
     def cancel(self) -> None:
@@ -82,13 +72,15 @@ class JobControl:
         if self._aborted:  # asked before the controller was there
             self._kill()
 
-    def group_starting(self) -> None:
+    def group_starting(self) -> bool:
         """The controller is about to create the worker group's placement group: if the run
-        was aborted meanwhile (a start that failed and is retried), it is killed now, before
-        there is a group to leave behind."""
+        was aborted meanwhile (a start that failed and is retried, or an abort before the
+        controller was there), it is killed now, before there is a group to leave behind, and
+        the answer (True) tells it not to create one while the kill takes effect."""
         self._group_starting = True
         if self._aborted:
             self._kill()
+        return self._aborted
 
     def add_placement_group(self, placement_group: Any) -> None:
         """The run's worker group started in ``placement_group`` (``swarm_trainer.abort``)."""
@@ -147,8 +139,12 @@ def make_control() -> Any:
 
 def drain(control: Any, wait_s: float) -> list[Report]:
     """Everything rank 0 has sent so far, waiting up to ``wait_s`` for the first report."""
-    reports: list[Report] = ray.get(control.take.remote(wait_s))
-    return reports
+    deadline = time.monotonic() + wait_s
+    while True:
+        reports: list[Report] = ray.get(control.take.remote())
+        if reports or time.monotonic() >= deadline:
+            return reports
+        time.sleep(min(TAKE_POLL_S, max(0.0, deadline - time.monotonic())))
 
 
 def close_control(control: Any) -> None:

@@ -22,10 +22,9 @@ class Reporter:
     def send(self, report: reports.Report) -> None:
         if self.control is None or self.rank != 0:
             return
-        # A progress report is dropped when the queue is full rather than stall training;
-        # the others wait for room (they are few). Waited for: the reports arrive in order.
-        wait = not isinstance(report, reports.Progress)
-        ray.get(self.control.put.remote(report, wait))
+        # Waited for (a few ms): the reports arrive in order, and rank 0 cannot outrun the
+        # agent by more than the queue.
+        ray.get(self.control.put.remote(report))
 
     def cancelled(self, device: torch.device) -> bool:
         return self.stop_mode(device) != 0
