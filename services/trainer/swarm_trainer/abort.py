@@ -9,10 +9,12 @@ there.
 
 The worker group's placement group is handed over too, and removed by ``JobControl`` after
 the kill (which waits for it while the group starts), so that the killed run's CPUs do not stay
-reserved, leaving the next attempt placed on this worker waiting for them. Ray Train's own
-``PlacementGroupCleaner`` removes it too once the controller is dead; it is the one that does
-so promptly for a kill while the group starts (measured: without it the test of a cancel
-during the start found the group still there after 90 s), so ``AttemptTrainer`` keeps it.
+reserved, leaving the next attempt placed on this worker waiting for them. A kill takes
+effect a little after it is asked, so a controller told that its run was aborted as it is about
+to create the group (``JobControl.group_starting``) waits for its end instead: a group created
+in that moment would be known to nobody (seen under load: left reserved for good). Ray Train's
+own ``PlacementGroupCleaner`` removes a dead controller's group too, as a second line of
+defence; ``AttemptTrainer`` keeps it.
 
 Its own module: the controller process unpickles this callback, and ``control`` is imported
 by the ``JobControl`` actor, which must not pay for importing Ray Train.
