@@ -1,5 +1,5 @@
-"""What rank 0 tells the agent while a run goes on, through the Ray queue (what a finished run
-measured goes through the store: ``train_state.TrainMetrics``).
+"""What rank 0 tells the agent while a run goes on, through the job's ``JobControl`` actor
+(what a finished run measured goes through the store: ``train_state.TrainMetrics``).
 
 The reports are advisory (the agent turns them into job events, spans and metrics; a dropped
 one loses nothing): each is stamped with rank 0's wall clock (``at``) and, where work was
