@@ -3,8 +3,8 @@ which starts a ``DatasetManager`` actor (a process: about 1.4 CPU-seconds on a 2
 for every run, even one given no Ray Datasets. Swarm's ranks read their data from
 the store themselves (``swarm_trainer.stream``); a run given Ray Datasets keeps the callback.
 
-The placement-group cleaner stays: a run aborted while its ranks start (``JobControl.abort``)
-leaves a placement group that it removes (``tests/trainer/test_agent.py``).
+Ray Train's placement-group cleaner stays: a second line of defence, beside ``JobControl``,
+for the placement group of a run killed while it starts (``swarm_trainer.abort``).
 
 ``_create_default_callbacks`` is Ray's own (private) hook; ``tests/trainer/test_attempt_trainer.py``
 fails if a Ray upgrade renames it or the callback.

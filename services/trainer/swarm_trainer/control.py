@@ -50,12 +50,10 @@ class JobControl:
         self._group_starting = False
         self._aborted = False
 
-    def put(self, report: Report) -> bool:
-        """Queue a report for the agent; False (dropped) when ``QUEUE_SIZE`` wait already."""
-        if len(self._reports) >= QUEUE_SIZE:
-            return False
-        self._reports.append(report)
-        return True
+    def put(self, report: Report) -> None:
+        """Queue a report for the agent; dropped when ``QUEUE_SIZE`` wait already."""
+        if len(self._reports) < QUEUE_SIZE:
+            self._reports.append(report)
 
     def take(self) -> list[Report]:
         """Every report queued so far, oldest first."""
