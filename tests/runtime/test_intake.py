@@ -293,3 +293,49 @@ async def test_intakes_and_faststream_subscribers_count_into_one_set_of_families
     received = next(f for f in scraped if f.name == "swarm_svc_received_messages")
     handlers = {one.labels["handler"] for one in received.samples if one.name.endswith("_total")}
     assert handlers == {"swarm.test.fast", "swarm.test.slow"}
+
+
+async def test_an_ordered_intake_keeps_each_keys_order_through_a_failure(
+    nc: Client, settings: Settings
+) -> None:
+    """A job's events relayed out of order once (a NATS restart failed one, its redelivery came
+    after the next ones): in an ordered intake the failing message is tried again first, its
+    key's later messages waiting, other keys not."""
+    s = Subjects(settings.namespace)
+    handled: dict[str, list[int]] = {"a": [], "b": []}
+    failures = 0
+
+    async def on_ping(event: CloudEvent[Ping], msg: RawMsg) -> None:
+        nonlocal failures
+        job = Subjects.job_of_worker_event(msg.subject)
+        # Job a's second message fails until all of job b's are through: b must not wait on a.
+        if job == "a" and event.data.n == 2 and len(handled["b"]) < 3:
+            failures += 1
+            raise RuntimeError("NATS is restarting")
+        handled[job].append(event.data.n)
+
+    config = ConsumerConfig(
+        durable_name="ordered-test", ack_policy=AckPolicy.EXPLICIT, ack_wait=30, max_deliver=5
+    )
+    intake = Intake(
+        "svc",
+        s,
+        s.worker_event(),
+        on_ping,
+        stream=s.worker_events_stream,
+        durable="ordered-test",
+        config=config,
+        ordered_by=Subjects.job_of_worker_event,
+    )
+    js = nc.jetstream()
+    for n in range(1, 7):
+        await js.publish(s.worker_event("w1", "a", "progress"), _body(n))
+    await intake.start(nc)
+    try:
+        for n in range(1, 4):
+            await js.publish(s.worker_event("w1", "b", "progress"), _body(n))
+        await _until(lambda: len(handled["a"]) == 6)
+    finally:
+        await intake.stop()
+    assert failures >= 1
+    assert handled == {"a": [1, 2, 3, 4, 5, 6], "b": [1, 2, 3]}

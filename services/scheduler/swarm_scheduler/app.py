@@ -138,6 +138,8 @@ class Consumers:
             intake(
                 subjects.worker_event(),
                 handlers.on_worker_event,
+                # A job's events reach everyone else in the order its worker sent them.
+                ordered_by=Subjects.job_of_worker_event,
                 **_work_queue(subjects.worker_events_stream, "worker-events"),
             ),
             intake(

@@ -89,6 +89,11 @@ class Subjects:
                 return parts[i + 2]
         return None
 
+    @staticmethod
+    def job_of_worker_event(subject: str) -> str:
+        """The job id in a ``worker_event`` subject (``….events.<job_id>.<event>``)."""
+        return subject.split(".")[-2]
+
     # --- inboxes: each identity subscribes only under its own prefix ----------------------
     @staticmethod
     def service_inbox(service: str) -> str:

@@ -15,6 +15,10 @@ keeps FastStream's conventions:
 * on JetStream, a handler that returns has its message acked, one that raises ``RetryLater``
   has it redelivered after the delay, one that fails has it redelivered at once (up to the
   consumer's ``max_deliver``);
+* ``ordered_by`` (a key of the subject, e.g. the job id): messages of one key are handled one
+  after another in the stream's order, and one that fails is tried again in place, the later
+  ones of its key waiting, rather than redelivered behind them (a redelivery comes after
+  the messages already fetched: a job's events would be relayed out of order);
 * every message is counted in the families FastStream's Prometheus middleware uses
   (``swarm_<service>_received_messages_total`` …), labelled by subject template;
 * ``document(broker)`` declares its handler as a FastStream subscriber (never started), for
@@ -41,6 +45,13 @@ from nats.js.client import JetStreamContext
 from nats.js.errors import NotFoundError
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from pydantic import BaseModel, ValidationError
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_not_exception_type,
+    stop_after_delay,
+    wait_exponential,
+)
 
 from swarm_contracts.subjects import Subjects
 from swarm_runtime.broker import dead_letter
@@ -61,6 +72,9 @@ MAX_IN_FLIGHT = 512
 IDLE_CHECK_S = 10.0
 # A message whose record was contended past its retries comes back after this long.
 CONTENDED_RETRY_S = 0.2
+# An ordered intake's failing message is tried again in place for this long (a NATS restart
+# takes seconds), then given up to redelivery: order is lost only past a long outage.
+ORDERED_RETRY_S = 60.0
 
 
 class RetryLater(Exception):
@@ -164,17 +178,21 @@ class Intake:
         config: ConsumerConfig | None = None,
         batch: int = 128,
         skip: Callable[[str], bool] | None = None,
+        ordered_by: Callable[[str], str] | None = None,
         metrics: IntakeMetrics | None = None,
     ) -> None:
         """``skip``: subjects acked without being parsed or handled (cheaper than a filter
-        the server could only express as several consumers)."""
+        the server could only express as several consumers); ``ordered_by``: the key of a
+        subject whose messages must be handled in order (the module's docstring)."""
         params = list(inspect.signature(handler).parameters)
         self.model: type[BaseModel] = get_type_hints(handler)[params[0]]
         self._with_msg = len(params) > 1
         self.service, self.subjects, self.subject = service, subjects, subject
         self.handler = handler
         self.stream, self.durable, self.config, self.batch = stream, durable, config, batch
-        self.skip, self.metrics = skip, metrics
+        self.skip, self.ordered_by, self.metrics = skip, ordered_by, metrics
+        # Per key of an ordered intake: the task handling its latest message.
+        self._lanes: dict[str, asyncio.Task[None]] = {}
         self._connection: Client | None = None
         self._sub: Subscription | JetStreamContext.PullSubscription | None = None
         self._puller: asyncio.Task[None] | None = None
@@ -241,9 +259,30 @@ class Intake:
                 continue
             idle_since, failures = time.monotonic(), 0
             for msg in msgs:
-                task = asyncio.create_task(self.handle(msg))
+                task = self._dispatch(msg)
                 self._in_flight.add(task)
                 task.add_done_callback(self._in_flight.discard)
+
+    def _dispatch(self, msg: Msg) -> asyncio.Task[None]:
+        """A task handling ``msg``: at once, or in an ordered intake after the task of the
+        previous message of its key."""
+        if self.ordered_by is None:
+            return asyncio.create_task(self.handle(msg))
+        key = self.ordered_by(msg.subject)
+        task = asyncio.create_task(self._handle_after(self._lanes.get(key), msg))
+        self._lanes[key] = task
+
+        def done(t: asyncio.Task[None], key: str = key) -> None:
+            if self._lanes.get(key) is t:
+                del self._lanes[key]
+
+        task.add_done_callback(done)
+        return task
+
+    async def _handle_after(self, previous: asyncio.Task[None] | None, msg: Msg) -> None:
+        if previous is not None:
+            await asyncio.wait([previous])  # its outcome is its own: only its end matters here
+        await self.handle(msg)
 
     async def _recreate_if_gone(
         self, sub: JetStreamContext.PullSubscription, *, anyway: bool = False
@@ -302,7 +341,7 @@ class Intake:
             await self._ack(msg)
             return "rejected"
         try:
-            await (self.handler(event, msg) if self._with_msg else self.handler(event))
+            await self._call(event, msg)
         except RetryLater as retry:
             if self.stream is not None:
                 await msg.nak(delay=retry.delay)
@@ -323,6 +362,31 @@ class Intake:
             return "error"
         await self._ack(msg)
         return "acked"
+
+    async def _call(self, event: BaseModel, msg: Msg) -> None:
+        """The handler; in an ordered intake tried again in place while it fails with
+        anything but ``RetryLater`` (the handler's own choice of a redelivery), for up to
+        ``ORDERED_RETRY_S``, the message kept from redelivery meanwhile."""
+        args = (event, msg) if self._with_msg else (event,)
+        if self.ordered_by is None or self.stream is None:
+            await self.handler(*args)
+            return
+
+        async def keep(state: RetryCallState) -> None:
+            failure = state.outcome.exception() if state.outcome else None
+            log.info("handling %s failed (%r); trying it again first", msg.subject, failure)
+            with contextlib.suppress(Exception):  # disconnected: the next try finds out
+                await msg.in_progress()
+
+        async for attempt in AsyncRetrying(
+            stop=stop_after_delay(ORDERED_RETRY_S),
+            wait=wait_exponential(multiplier=CONTENDED_RETRY_S, max=2.0),
+            retry=retry_if_not_exception_type((RetryLater, asyncio.CancelledError)),
+            before_sleep=keep,
+            reraise=True,
+        ):
+            with attempt:
+                await self.handler(*args)
 
     async def _ack(self, msg: Msg) -> None:
         if self.stream is not None:
