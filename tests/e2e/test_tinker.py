@@ -7,6 +7,7 @@ import itertools
 import time
 
 import numpy as np
+import openai
 import pytest
 import tinker
 from tinker import types
@@ -77,3 +78,73 @@ def test_the_stock_sdk_trains_a_lora_session_and_its_state_round_trips(stack: St
     with pytest.raises(tinker.RequestFailedError, match="no forward_backward"):
         training.optim_step(types.AdamParams(learning_rate=1e-3)).result(timeout=60)
     assert _logprobs(training) == before
+
+
+def test_the_stock_sdk_samples_its_trained_weights_through_the_inference_service(
+    stack: Stack,
+) -> None:
+    """save_weights_and_get_sampling_client registers the adapter; its samples come from the
+    inference workers' engine with the log-probabilities the trainer computes, and the same
+    version answers /v1/chat/completions."""
+    _wait_for_the_trainer(stack)
+    service = tinker.ServiceClient(base_url=stack.local.gateway_url, api_key="tml-local")
+    training = service.create_lora_training_client(base_model="tiny-llama", rank=4, seed=1).result(
+        timeout=120
+    )
+    for _ in range(3):  # far enough from the base that base and adapter sample differently
+        training.forward_backward([_datum()], "cross_entropy").result(timeout=60)
+        training.optim_step(types.AdamParams(learning_rate=5e-2)).result(timeout=60)
+
+    sampler = training.save_weights_and_get_sampling_client().result(timeout=120)
+    prompt = types.ModelInput.from_ints(TOKENS[:6])
+    greedy = types.SamplingParams(max_tokens=8, temperature=0.0, stop=[])
+    out = sampler.sample(prompt, num_samples=2, sampling_params=greedy).result(timeout=120)
+    assert len(out.sequences) == 2
+    tokens = out.sequences[0].tokens
+    assert len(tokens) == 8
+    assert out.sequences[0].stop_reason == "length"
+    assert out.sequences[1].tokens == tokens  # greedy: both samples alike
+    # What the trainer's forward says of those tokens after the prompt: the sampler serves
+    # the trained weights, not the base model's.
+    full = TOKENS[:6] + tokens
+    datum = types.Datum(
+        model_input=types.ModelInput.from_ints(full[:-1]),
+        loss_fn_inputs={
+            "target_tokens": np.array(full[1:], dtype=np.int64),
+            "weights": np.ones(len(full) - 1, dtype=np.float32),
+        },
+    )
+    trained = training.forward([datum], "cross_entropy").result(timeout=60)
+    expected = trained.loss_fn_outputs[0]["logprobs"].tolist()[5:]
+    assert out.sequences[0].logprobs == pytest.approx(expected, abs=1e-3)
+    base = service.create_sampling_client(base_model="tiny-llama").result(timeout=60)
+    from_base = base.sample(prompt, num_samples=1, sampling_params=greedy).result(timeout=120)
+    assert from_base.sequences[0].logprobs != pytest.approx(expected, abs=1e-3)
+
+    # Seeded samples: several draws, each reproducible.
+    seeded = types.SamplingParams(max_tokens=6, temperature=1.0, seed=5, stop=[])
+    first = sampler.sample(prompt, num_samples=3, sampling_params=seeded).result(timeout=120)
+    again = sampler.sample(prompt, num_samples=3, sampling_params=seeded).result(timeout=120)
+    assert [s.tokens for s in first.sequences] == [s.tokens for s in again.sequences]
+    assert len({tuple(s.tokens) for s in first.sequences}) > 1
+
+    # The registered version is an adapter like a job's: /v1/chat/completions serves it.
+    adapter = training.model_id.replace(":", "-")
+    oai = openai.OpenAI(base_url=f"{stack.local.gateway_url}/v1", api_key="unused", max_retries=0)
+    chat = oai.chat.completions.create(
+        model=f"{adapter}@1", messages=[{"role": "user", "content": "hi"}], max_tokens=4
+    )
+    assert chat.choices[0].finish_reason in ("stop", "length")
+    assert stack.client.get_adapter(adapter).lineage.dataset == f"tinker:{training.model_id}"
+
+    # Bad input: a clear error naming the field.
+    with pytest.raises(tinker.BadRequestError, match="prompt_logprobs"):
+        sampler.compute_logprobs(prompt).result(timeout=60)
+    with pytest.raises(tinker.BadRequestError, match="temperature"):
+        sampler.sample(
+            prompt, num_samples=1, sampling_params=types.SamplingParams(temperature=9.0)
+        ).result(timeout=60)
+    with pytest.raises(tinker.NotFoundError, match="model_path"):
+        service.create_sampling_client(
+            model_path=f"tinker://{training.model_id}/sampler_weights/never-saved"
+        ).result(timeout=60)

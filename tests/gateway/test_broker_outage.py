@@ -29,6 +29,7 @@ PARAMS = {
     "model_id": "tiny",
     "file_id": "file-0123456789abcdef01234567",
     "fine_tuning_job_id": "ftjob-0123456789abcdef0123",
+    "sampler_id": "tsess-0123456789abcdef:sample:0",
 }
 # Answered without NATS by design.
 NO_NATS = {

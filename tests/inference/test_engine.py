@@ -134,6 +134,43 @@ async def test_stop_strings_cut_the_text_and_are_never_streamed(engine: Engine) 
     assert all(stop[:2] not in p.text for p in pieces)
 
 
+async def test_token_level_requests_get_their_tokens_logprobs_and_stop_tokens(
+    engine: Engine, tiny_model_dir: Path
+) -> None:
+    """What the Tinker API's sampling needs: the ids, each one's log-probability as a
+    trainer's forward computes it, and stop tokens in place of end-of-sequence."""
+    from transformers import AutoModelForCausalLM
+
+    ids = engine.encode(PROMPTS[1])
+    greedy = await engine.complete(ids, SamplingParams(max_tokens=12, temperature=0, logprobs=True))
+    tokens = list(greedy.tokens)
+    assert len(tokens) == greedy.completion_tokens
+    assert greedy.logprobs is not None
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, use_safetensors=True).eval()
+    with torch.no_grad():
+        logits = model(torch.tensor([ids + tokens])).logits[0, len(ids) - 1 : -1].float()
+    expected = torch.log_softmax(logits, -1).gather(1, torch.tensor(tokens)[:, None])[:, 0]
+    assert torch.allclose(torch.tensor(greedy.logprobs), expected, atol=1e-4)
+
+    # Top-k of 1 draws what greedy picks; without logprobs none come back.
+    top1 = await engine.complete(ids, SamplingParams(max_tokens=12, top_k=1, seed=3))
+    assert list(top1.tokens) == tokens
+    assert top1.logprobs is None
+    # A stop token ends the completion at its first occurrence, itself included.
+    stop = tokens[4]
+    stopped = await engine.complete(
+        ids, SamplingParams(max_tokens=12, temperature=0, stop_tokens=(stop,))
+    )
+    assert list(stopped.tokens) == tokens[: tokens.index(stop) + 1]
+    assert stopped.finish_reason == "stop"
+    # No stop tokens at all: max_tokens, whatever the model says.
+    endless = await engine.complete(
+        ids, SamplingParams(max_tokens=20, temperature=0, stop_tokens=())
+    )
+    assert endless.completion_tokens == 20
+    assert endless.finish_reason == "length"
+
+
 async def test_seeded_sampling_is_reproducible_in_any_batch(engine: Engine, sources: dict) -> None:
     ids = engine.encode(PROMPTS[0])
 

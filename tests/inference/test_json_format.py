@@ -37,11 +37,11 @@ def _is_json(text: str) -> bool:
 def test_a_row_with_allowed_ids_takes_one_of_them_and_the_others_are_untouched() -> None:
     logits = torch.tensor([[0.0, 5.0, 1.0, 2.0], [0.0, 5.0, 1.0, 2.0]])
     greedy = SamplingParams(temperature=0)
-    assert next_tokens(logits, [greedy, greedy], [None, None], [[2, 3], None]) == [3, 1]
+    assert next_tokens(logits, [greedy, greedy], [None, None], [[2, 3], None])[0] == [3, 1]
     sampled = SamplingParams(temperature=2.0, seed=0)
     for seed in range(20):
         generator = torch.Generator().manual_seed(seed)
-        [token] = next_tokens(logits[:1], [sampled], [generator], [[0, 2]])
+        [token], _ = next_tokens(logits[:1], [sampled], [generator], [[0, 2]])
         assert token in (0, 2)
 
 

@@ -126,6 +126,15 @@ async def test_a_malformed_request_is_answered_and_dead_lettered(
     assert json.loads(reply.data)["ok"] is True
 
 
+async def test_a_name_that_is_no_key_is_refused_as_invalid_not_an_error(client: Any) -> None:
+    # The Tinker API passes on names its callers typed: "" or "Qwen/Qwen3-8B" is no KV key.
+    for name in ("", "Qwen/Qwen3-8B", "a b"):
+        reply = await client.call("models.get", {"name": name})
+        assert reply["ok"] is False
+        assert reply["code"] == "invalid", reply
+        assert "model name" in reply["error"]
+
+
 async def test_files_of_an_older_version_are_that_version(
     client: Any, store: ObjectStore, model_files: Any
 ) -> None:

@@ -47,12 +47,18 @@ from swarm_gateway.routes import (
     openai_files,
     sweeps,
     tinker,
+    tinker_sampling,
     workers,
 )
 from swarm_gateway.settings import GatewaySettings
 from swarm_gateway.state import Gateway
 from swarm_gateway.tinker.calls import Calls
-from swarm_gateway.tinker.records import FutureRecord, ModelRecord, SessionRecord
+from swarm_gateway.tinker.records import (
+    FutureRecord,
+    ModelRecord,
+    SamplerRecord,
+    SessionRecord,
+)
 from swarm_runtime.broker import make_broker
 from swarm_runtime.prometheus import otlp_bridge
 from swarm_runtime.record_cache import RecordCache
@@ -60,6 +66,7 @@ from swarm_runtime.records import RecordTable
 from swarm_runtime.rpc import Refused, Unavailable
 from swarm_runtime.settings import Settings
 from swarm_runtime.store import open_store
+from swarm_runtime.tasks import cancel_and_wait
 from swarm_runtime.topology import ensure_topology, kv_bucket
 from swarm_runtime.tracing import setup_tracing, tracer_of
 
@@ -168,6 +175,7 @@ def create_app(
             models=RecordTable(await kv_bucket(js, subjects, "tinker_models"), ModelRecord),
             futures=futures,
             calls=calls,
+            samplers=RecordTable(await kv_bucket(js, subjects, "tinker_samplers"), SamplerRecord),
         )
         log.info("gateway connected to %s (namespace %r)", settings.nats_url, settings.namespace)
         if not api_keys:
@@ -180,6 +188,8 @@ def create_app(
             await fine_tune_list.stop()
             with contextlib.suppress(nats.errors.Error):
                 await calls.stop()
+            # Samples still running: their futures read as failed at their deadline.
+            await cancel_and_wait(list(app.state.tinker.tasks))
             await inference_workers.stop()
             # Stopping while NATS is away (nats-py refuses to drain a reconnecting
             # connection) must still stop the gateway.
@@ -241,6 +251,7 @@ def create_app(
         (openai_files.router, "openai"),
         (fine_tuning.router, "openai"),
         (tinker.router, "tinker"),
+        (tinker_sampling.router, "tinker"),
     ):
         app.include_router(router, responses=openapi_doc.responses(kind))
     app.include_router(dashboard.router)

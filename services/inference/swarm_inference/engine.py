@@ -24,8 +24,8 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Callable, Collection
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -94,6 +94,9 @@ class Piece:
     completion_tokens: int
     prompt_tokens: int
     finish_reason: str | None = None
+    # On the last piece: every generated token id, and their log-probabilities when asked.
+    tokens: tuple[int, ...] = ()
+    logprobs: tuple[float, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -126,6 +129,8 @@ class _Sequence:
     slot: int = BASE_SLOT
     generated: int = 0
     next_token: int = -1
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
     aborted: bool = False
     done: bool = False
     arrived: float = field(default_factory=time.monotonic)
@@ -272,7 +277,7 @@ class Engine:
             parts.append(piece.text)
             last = piece
         assert last is not None
-        return Piece("".join(parts), last.completion_tokens, last.prompt_tokens, last.finish_reason)
+        return replace(last, text="".join(parts))
 
     # --- the engine thread -----------------------------------------------------------------
     def _run(self) -> None:
@@ -398,17 +403,24 @@ class Engine:
         out: list[tuple[_Sequence, Piece | BaseException]],
     ) -> None:
         allowed = self._allowed(rows, out) if any(s.constraint is not None for s in rows) else None
-        tokens = next_tokens(logits, [s.params for s in rows], [s.generator for s in rows], allowed)
+        params = [s.params for s in rows]
+        tokens, logprobs = next_tokens(logits, params, [s.generator for s in rows], allowed)
         self.generated_tokens += len(tokens)
-        for seq, token in zip(rows, tokens, strict=True):
+        for seq, token, logprob in zip(rows, tokens, logprobs, strict=True):
             if seq.done:  # its constraint failed just now
                 continue
             if seq.constraint is not None:
                 seq.constraint.advance(token)
             seq.next_token = token
             seq.generated += 1
+            seq.tokens.append(token)
+            if logprob is not None:
+                seq.logprobs.append(logprob)
             finish: str | None = None
-            if token in self.eos_ids and not seq.params.ignore_eos:
+            stops: Collection[int] | None = seq.params.stop_tokens
+            if stops is None:
+                stops = () if seq.params.ignore_eos else self.eos_ids
+            if token in stops:
                 text = seq.stops.feed(seq.detokenizer.flush()) + seq.stops.finish()
                 finish = "stop"
             else:
@@ -420,10 +432,17 @@ class Engine:
                     finish = "stop" if seq.stops.stopped else "length"
             if finish is not None:
                 seq.done = True
-            if text or finish is not None:
-                out.append(
-                    (seq, Piece(text, seq.generated, len(seq.prompt_ids), finish_reason=finish))
+                piece = Piece(
+                    text,
+                    seq.generated,
+                    len(seq.prompt_ids),
+                    finish_reason=finish,
+                    tokens=tuple(seq.tokens),
+                    logprobs=tuple(seq.logprobs) if seq.params.logprobs else None,
                 )
+                out.append((seq, piece))
+            elif text:
+                out.append((seq, Piece(text, seq.generated, len(seq.prompt_ids))))
 
     def _allowed(
         self, rows: list[_Sequence], out: list[tuple[_Sequence, Piece | BaseException]]

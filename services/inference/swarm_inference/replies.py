@@ -62,18 +62,35 @@ class Replier:
         else:
             self._parts.append(text)
 
-    async def done(self, finish_reason: FinishReason, usage: Usage) -> None:
+    async def done(
+        self,
+        finish_reason: FinishReason,
+        usage: Usage,
+        *,
+        tokens: list[int] | None = None,
+        logprobs: list[float] | None = None,
+    ) -> None:
+        """The end: a ``done`` chunk, or the one result; either carries ``tokens`` and
+        ``logprobs`` when given (a token-level request's)."""
         self.finished = True
         if self.stream:
-            await self._chunk(
-                self._new("done", finish_reason=finish_reason, usage=usage, model=self.model)
+            done = self._new(
+                "done",
+                finish_reason=finish_reason,
+                usage=usage,
+                model=self.model,
+                tokens=tokens,
+                logprobs=logprobs,
             )
+            await self._chunk(done)
             return
         result = GenerateResult(
             request_id=self.request_id,
             worker_id=self.worker_id,
             model=self.model,
             text="".join(self._parts),
+            tokens=tokens,
+            logprobs=logprobs,
             finish_reason=finish_reason,
             usage=usage,
         )

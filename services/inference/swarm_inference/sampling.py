@@ -1,4 +1,7 @@
-"""Choosing each row's next token: greedy at temperature 0, else temperature + nucleus (top_p).
+"""Choosing each row's next token: greedy at temperature 0, else temperature, top-k and
+nucleus (top_p), and the chosen token's log-probability under the distribution it was drawn
+from, for the rows that asked (the Tinker API's sampling: an RL loop compares it with the
+trainer's).
 
 A row may come with the token ids it is allowed (constrained decoding, ``json_format``):
 its other logits are masked before it is chosen, greedy or sampled; other rows are untouched.
@@ -21,6 +24,11 @@ class SamplingParams:
     top_p: float = 1.0
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    top_k: int = -1
+    # Token ids that end the completion in place of the model's end-of-sequence ones (None:
+    # those); () ends it only at max_tokens.
+    stop_tokens: tuple[int, ...] | None = None
+    logprobs: bool = False
     # Generate max_tokens whatever the model says (benchmarks: equal work on every side).
     ignore_eos: bool = False
 
@@ -31,6 +39,8 @@ class SamplingParams:
             raise ValueError("temperature must be >= 0")
         if not 0 < self.top_p <= 1:
             raise ValueError("top_p must be in (0, 1]")
+        if self.top_k == 0 or self.top_k < -1:
+            raise ValueError("top_k must be -1 (no limit) or at least 1")
 
     @property
     def greedy(self) -> bool:
@@ -73,22 +83,40 @@ def mask_disallowed(logits: torch.Tensor, allowed: list[list[int] | None]) -> to
     return masked
 
 
+def top_k(logits: torch.Tensor, k: int) -> torch.Tensor:
+    """``logits`` (1-D) with -inf outside the ``k`` largest (-1: all kept)."""
+    if k < 0 or k >= logits.shape[-1]:
+        return logits
+    kth = torch.topk(logits, k).values[-1]
+    return logits.masked_fill(logits < kth, float("-inf"))
+
+
 def next_tokens(
     logits: torch.Tensor,
     params: list[SamplingParams],
     generators: list[torch.Generator | None],
     allowed: list[list[int] | None] | None = None,
-) -> list[int]:
-    """One token per row of ``logits`` ([rows, vocab]); ``allowed``: per row, None or the
-    only token ids it may take."""
+) -> tuple[list[int], list[float | None]]:
+    """One token per row of ``logits`` ([rows, vocab]), and its log-probability for the rows
+    whose params ask (else None): under the temperature-scaled distribution it was drawn from,
+    before top-k and top-p cut its tail (the full softmax at temperature 1, as a trainer's
+    forward computes it, when greedy). ``allowed``: per row, None or the only token ids it
+    may take."""
     if allowed is not None:
         logits = mask_disallowed(logits, allowed)
     chosen = logits.argmax(dim=-1).tolist()
+    logprobs: list[float | None] = [None] * len(params)
+    for i, p in enumerate(params):
+        if p.greedy and p.logprobs:
+            logprobs[i] = float(torch.log_softmax(logits[i].float(), dim=-1)[chosen[i]])
     sampled = [i for i, p in enumerate(params) if not p.greedy]
     if sampled:
         rows = logits[sampled].float().cpu()
         for row, i in zip(rows, sampled, strict=True):
-            probs = torch.softmax(row / params[i].temperature, dim=-1)
+            scaled = row / params[i].temperature
+            probs = torch.softmax(top_k(scaled, params[i].top_k), dim=-1)
             probs = nucleus(probs, params[i].top_p)
             chosen[i] = int(torch.multinomial(probs, 1, generator=generators[i]).item())
-    return chosen
+            if params[i].logprobs:
+                logprobs[i] = float(torch.log_softmax(scaled, dim=-1)[chosen[i]])
+    return chosen, logprobs

@@ -124,14 +124,19 @@ class VllmEngine:
             # vLLM's structured-output options change between its releases; until one is
             # pinned and tested here, JSON formats are the batched engine's only.
             raise InvalidRequest("response_format json is not supported by the vLLM backend")
+        # Our stop_tokens replace the end-of-sequence ones; vLLM's stop_token_ids add to them.
+        replace_eos = params.ignore_eos or params.stop_tokens is not None
         sampling = VllmSampling(
             n=1,
             max_tokens=params.max_tokens,
             temperature=params.temperature,
             top_p=params.top_p,
+            top_k=params.top_k,
             seed=params.seed,
             stop=list(params.stop) or None,
-            ignore_eos=params.ignore_eos,
+            stop_token_ids=list(params.stop_tokens or ()) or None,
+            ignore_eos=replace_eos,
+            logprobs=0 if params.logprobs else None,  # 0: the sampled token's own
         )
         request_id = uuid.uuid4().hex
         lora = self._lora(adapter) if adapter is not None else None
@@ -146,8 +151,19 @@ class VllmEngine:
                 finish = None
                 if output.finished:  # vLLM says "length", or "stop" (EOS or a stop string)
                     finish = "length" if completion.finish_reason == "length" else "stop"
-                if len(text) > shown or finish is not None:
-                    yield Piece(text[shown:], len(completion.token_ids), len(prompt_ids), finish)
+                if finish is not None:
+                    tokens = tuple(completion.token_ids)
+                    logprobs = None
+                    if params.logprobs and completion.logprobs is not None:
+                        logprobs = tuple(
+                            float(step[token].logprob)
+                            for step, token in zip(completion.logprobs, tokens, strict=True)
+                        )
+                    yield Piece(
+                        text[shown:], len(tokens), len(prompt_ids), finish, tokens, logprobs
+                    )
+                elif len(text) > shown:
+                    yield Piece(text[shown:], len(completion.token_ids), len(prompt_ids))
                     shown = len(text)
                 if output.finished:
                     self.generated_tokens += len(completion.token_ids)

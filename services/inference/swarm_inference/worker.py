@@ -306,7 +306,15 @@ class InferenceWorker:
             adapter = await self._adapter_for(request, held)
             replier.model = adapter.key if adapter is not None else held.ref
             prompt_ids, params = self._sampling(request, held)
-            await self._stream(held, prompt_ids, params, adapter, _json_schema(request), replier)
+            await self._stream(
+                held,
+                prompt_ids,
+                params,
+                adapter,
+                _json_schema(request),
+                replier,
+                token_level=request.prompt_tokens is not None,
+            )
             outcome = "ok"
         except RequestFailed as exc:
             if exc.error.code == "overloaded":
@@ -357,12 +365,14 @@ class InferenceWorker:
     def _sampling(
         self, request: GenerateRequest, held: HeldBase
     ) -> tuple[list[int], SamplingParams]:
-        if request.messages is not None:
+        if request.prompt_tokens is not None:
+            prompt_ids = _checked_tokens(request.prompt_tokens, len(held.engine.tokenizer))
+        elif request.messages is not None:
             prompt = render_chat(held.engine.tokenizer, [m.model_dump() for m in request.messages])
+            prompt_ids = held.engine.encode(prompt)
         else:
             assert request.prompt is not None
-            prompt = request.prompt
-        prompt_ids = held.engine.encode(prompt)
+            prompt_ids = held.engine.encode(request.prompt)
         limit = self.settings.inference_max_tokens
         max_tokens = request.max_tokens
         if max_tokens is None:  # as many as the context leaves, up to the limit
@@ -374,6 +384,9 @@ class InferenceWorker:
             top_p=request.top_p,
             seed=request.seed,
             stop=tuple(request.stop),
+            top_k=request.top_k,
+            stop_tokens=None if request.stop_tokens is None else tuple(request.stop_tokens),
+            logprobs=request.logprobs,
         )
         return prompt_ids, params
 
@@ -385,7 +398,10 @@ class InferenceWorker:
         adapter: AdapterSource | None,
         json_schema: dict[str, Any] | None,
         replier: Replier,
+        *,
+        token_level: bool = False,
     ) -> None:
+        """Generate into ``replier``; ``token_level``: the result carries the token ids."""
         started = time.monotonic()
         first = True
         last = None
@@ -402,7 +418,12 @@ class InferenceWorker:
             completion_tokens=last.completion_tokens,
             total_tokens=last.prompt_tokens + last.completion_tokens,
         )
-        await replier.done(last.finish_reason, usage)  # type: ignore[arg-type]
+        await replier.done(
+            last.finish_reason,  # type: ignore[arg-type]
+            usage,
+            tokens=list(last.tokens) if token_level else None,
+            logprobs=None if last.logprobs is None else list(last.logprobs),
+        )
         self.metrics.tokens.inc(last.completion_tokens)
 
     async def _keepalive(self, replier: Replier) -> None:
@@ -505,6 +526,16 @@ class InferenceWorker:
             except Exception:  # a NATS hiccup must not end the heartbeats for good
                 log.exception("heartbeat failed")
             await asyncio.sleep(self.settings.heartbeat_interval_s)
+
+
+def _checked_tokens(tokens: list[int], vocab_size: int) -> list[int]:
+    """A prompt of token ids, refused (400) with the first one the model does not know."""
+    for i, token in enumerate(tokens):
+        if not 0 <= token < vocab_size:
+            raise InvalidRequest(
+                f"prompt_tokens[{i}]: {token} is outside the vocabulary (0..{vocab_size - 1})"
+            )
+    return tokens
 
 
 def _json_schema(request: GenerateRequest) -> dict[str, Any] | None:

@@ -70,7 +70,7 @@ class ModelCatalog:
         return record
 
     async def get(self, request: GetModel) -> ModelVersion:
-        name = request.name
+        name = check_name(request.name, "model name")  # a KV key token: refused, not a 500
         if request.version is None:
             record = await self.versions.latest(name)
         else:

@@ -27,8 +27,6 @@ from swarm_runtime.rpc import Refused
 from swarm_runtime.store import ObjectStore, sha256_file
 from swarm_trainer.checkpoint import ADAPTER_FILE, load_optimizer, save_adapter, save_optimizer
 
-ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
-MLP = ["gate_proj", "up_proj", "down_proj"]
 # What each loss needs besides the input tokens (Tinker's names).
 LOSS_INPUTS = {
     "cross_entropy": ("target_tokens", "weights"),
@@ -47,7 +45,7 @@ class TrainingSession:
         )
         self.vocab_size = int(base.config.vocab_size)
         self.max_context = int(getattr(base.config, "max_position_embeddings", 2048))
-        targets = (ATTENTION if spec.train_attn else []) + (MLP if spec.train_mlp else [])
+        targets = spec.target_modules
         if not targets:
             raise Refused("lora_config: train_attn and train_mlp are both off: nothing to train")
         if spec.seed is not None:

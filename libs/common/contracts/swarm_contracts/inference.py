@@ -19,6 +19,8 @@ from swarm_contracts.jobs import NAME_PATTERN, utcnow
 
 Role = Literal["system", "developer", "user", "assistant"]
 MAX_STOP_STRINGS = 4
+MAX_STOP_TOKENS = 64
+MAX_PROMPT_TOKENS = 131_072
 REQUEST_ID_PATTERN = r"^[A-Za-z0-9_-]{1,128}$"
 FinishReason = Literal["stop", "length"]
 ResponseFormat = Literal["text", "json_object", "json_schema"]
@@ -43,6 +45,12 @@ class GenerateRequest(BaseModel):
     adapter: str | None = Field(default=None, description="name, name@version or name@alias")
     prompt: str | None = None
     messages: list[ChatMessage] | None = Field(default=None, min_length=1)
+    prompt_tokens: list[int] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_PROMPT_TOKENS,
+        description="the prompt as token ids (the Tinker API's sampling), sent as they are",
+    )
     max_tokens: int | None = Field(
         default=None, ge=1, description="None: up to the context (and the worker's limit)"
     )
@@ -50,6 +58,17 @@ class GenerateRequest(BaseModel):
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     stop: list[str] = Field(default_factory=list, max_length=MAX_STOP_STRINGS)
     seed: int | None = None
+    top_k: int = Field(default=-1, ge=-1, description="-1: no limit")
+    stop_tokens: list[int] | None = Field(
+        default=None,
+        max_length=MAX_STOP_TOKENS,
+        description="token ids that end the completion (kept in its tokens) instead of the "
+        "model's end-of-sequence ones; [] stops only at max_tokens",
+    )
+    logprobs: bool = Field(
+        default=False,
+        description="answer each generated token's log-probability (done chunk or result)",
+    )
     response_format: ResponseFormat = Field(
         default="text",
         description="json_object: the text is a JSON object; json_schema: one that json_schema "
@@ -63,8 +82,8 @@ class GenerateRequest(BaseModel):
 
     @model_validator(mode="after")
     def _one_input(self) -> GenerateRequest:
-        if (self.prompt is None) == (self.messages is None):
-            raise ValueError("give exactly one of prompt and messages")
+        if sum(x is not None for x in (self.prompt, self.messages, self.prompt_tokens)) != 1:
+            raise ValueError("give exactly one of prompt, messages and prompt_tokens")
         if (self.json_schema is None) == (self.response_format == "json_schema"):
             raise ValueError("json_schema goes with response_format json_schema, and only there")
         return self
@@ -95,6 +114,12 @@ class GenerateChunk(BaseModel):
     model: str | None = Field(default=None, description="what runs: base@v or adapter name@v")
     finish_reason: FinishReason | None = None
     usage: Usage | None = None
+    tokens: list[int] | None = Field(
+        default=None, description="done: the generated token ids (requests with prompt_tokens)"
+    )
+    logprobs: list[float] | None = Field(
+        default=None, description="done: each generated token's log-probability (with logprobs)"
+    )
     error: InferenceError | None = None
 
 
@@ -105,6 +130,12 @@ class GenerateResult(BaseModel):
     worker_id: str
     model: str | None = None
     text: str = ""
+    tokens: list[int] | None = Field(
+        default=None, description="the generated token ids (requests with prompt_tokens)"
+    )
+    logprobs: list[float] | None = Field(
+        default=None, description="each generated token's log-probability (with logprobs)"
+    )
     finish_reason: FinishReason | None = None
     usage: Usage | None = None
     error: InferenceError | None = None

@@ -55,6 +55,11 @@ class AdamStep(BaseModel):
     grad_clip_norm: float = Field(default=0.0, ge=0.0)
 
 
+# The modules a session's LoRA adapts (Tinker's train_attn and train_mlp).
+ATTENTION_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
+MLP_MODULES = ("gate_proj", "up_proj", "down_proj")
+
+
 class CreateSession(BaseModel):
     base_model: ModelRef
     rank: int = Field(ge=1, le=256)
@@ -62,6 +67,11 @@ class CreateSession(BaseModel):
     train_mlp: bool = True
     train_attn: bool = True
     train_unembed: bool = True
+
+    @property
+    def target_modules(self) -> list[str]:
+        attention = ATTENTION_MODULES if self.train_attn else ()
+        return [*attention, *(MLP_MODULES if self.train_mlp else ())]
 
 
 class SessionCall(BaseModel):

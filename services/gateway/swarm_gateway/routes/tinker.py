@@ -10,6 +10,7 @@ models, training calls, futures), read side by side with the SDK.
 
 from __future__ import annotations
 
+import asyncio
 import re
 import secrets
 import time
@@ -21,9 +22,10 @@ from fastapi import APIRouter, Depends, HTTPException, Request, status
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from swarm_contracts.jobs import ModelRef, utcnow
-from swarm_contracts.registry import GetModel, ListModels, ModelVersion
-from swarm_contracts.registry_api import GET_MODEL, LIST_MODELS
+from swarm_contracts.jobs import LoraSpec, ModelRef, TrainingSpec, utcnow
+from swarm_contracts.layout import output_prefix
+from swarm_contracts.registry import GetModel, Lineage, ListModels, ModelVersion, RegisterAdapter
+from swarm_contracts.registry_api import GET_MODEL, LIST_MODELS, REGISTER_ADAPTER
 from swarm_contracts.sessions import (
     LOSSES,
     AdamStep,
@@ -34,10 +36,11 @@ from swarm_contracts.sessions import (
 )
 from swarm_gateway.auth import DEFAULT_TENANT, KeyTable
 from swarm_gateway.state import Gateway, get_gateway
-from swarm_gateway.tinker.calls import Calls
+from swarm_gateway.tinker.calls import Calls, OnSettled
 from swarm_gateway.tinker.records import (
     FutureRecord,
     ModelRecord,
+    SamplerRecord,
     SessionRecord,
     model_token,
 )
@@ -45,6 +48,7 @@ from swarm_gateway.tinker.wire import (
     WireError,
     decode_forward_backward,
     encode_forward_backward_output,
+    encode_sample_response,
 )
 from swarm_runtime.records import RecordTable
 from swarm_runtime.rpc import Refused
@@ -71,11 +75,15 @@ class Tables:
         models: RecordTable[ModelRecord],
         futures: RecordTable[FutureRecord],
         calls: Calls,
+        samplers: RecordTable[SamplerRecord],
     ) -> None:
         self.sessions = sessions
         self.models = models
         self.futures = futures
         self.calls = calls
+        self.samplers = samplers
+        # Sampling runs in tasks of this gateway's (their futures are records like any other).
+        self.tasks: set[asyncio.Task[None]] = set()
 
 
 def tables(request: Request) -> Tables:
@@ -151,8 +159,7 @@ async def server_capabilities(gw: GW, tenant: Tenant) -> dict[str, Any]:
     models = await gw.registry.call(LIST_MODELS, ListModels())
     return {
         "supported_models": [
-            {"model_name": m.hf_id or m.name, "trainable": True, "sampleable": False}
-            for m in models
+            {"model_name": m.hf_id or m.name, "trainable": True, "sampleable": True} for m in models
         ]
     }
 
@@ -174,7 +181,7 @@ class HeartbeatBody(Lenient):
 
 @router.post("/session_heartbeat")
 async def session_heartbeat(body: HeartbeatBody, t: T, tenant: Tenant) -> dict[str, str]:
-    await _session(t, tenant, body.session_id)
+    await session_of(t, tenant, body.session_id)
     return {"type": "session_heartbeat"}
 
 
@@ -198,9 +205,9 @@ class CreateModelBody(Lenient):
 
 @router.post("/create_model")
 async def create_model(body: CreateModelBody, gw: GW, t: T, tenant: Tenant) -> dict[str, str]:
-    await _session(t, tenant, body.session_id)
+    await session_of(t, tenant, body.session_id)
     model_id = f"{body.session_id}:train:{body.model_seq_id}"
-    base = await _base_model(gw, body.base_model)
+    base = await base_model_of(gw, body.base_model)
     worker_id = await _place(gw, base)
     lora = body.lora_config or LoraBody(rank=32)
     record = ModelRecord(
@@ -213,7 +220,6 @@ async def create_model(body: CreateModelBody, gw: GW, t: T, tenant: Tenant) -> d
         rank=lora.rank,
     )
     token = model_token(model_id)
-    await t.models.put(token, record)
     create = CreateSession(
         base_model=base,
         rank=lora.rank,
@@ -222,9 +228,11 @@ async def create_model(body: CreateModelBody, gw: GW, t: T, tenant: Tenant) -> d
         train_attn=lora.train_attn,
         train_unembed=lora.train_unembed,
     )
+    record.target_modules = create.target_modules
+    await t.models.put(token, record)
     call = SessionCall(session=token, tenant=tenant, seq_id=0, op="create", create=create)
 
-    async def created(future: FutureRecord) -> None:
+    async def created(future: FutureRecord) -> FutureRecord:
         def settle(r: ModelRecord) -> ModelRecord:
             if future.state == "done" and future.result is not None:
                 context = future.result.model_info.get("max_context")
@@ -235,6 +243,7 @@ async def create_model(body: CreateModelBody, gw: GW, t: T, tenant: Tenant) -> d
             return r
 
         await t.models.modify(token, settle)
+        return future
 
     return await _send(t, record, call, then=created)
 
@@ -245,7 +254,7 @@ class GetInfoBody(Lenient):
 
 @router.post("/get_info")
 async def get_info(body: GetInfoBody, t: T, tenant: Tenant) -> dict[str, Any]:
-    record = await _model(t, tenant, body.model_id)
+    record = await model_of(t, tenant, body.model_id)
     return {
         "type": "get_info",
         "model_id": record.model_id,
@@ -274,7 +283,7 @@ async def forward_backward(request: Request, t: T, tenant: Tenant) -> dict[str, 
             status.HTTP_400_BAD_REQUEST,
             detail=f"loss_fn: {fwd.loss_fn!r} is not served; served: {', '.join(LOSSES)}",
         )
-    record = await _ready_model(t, tenant, fwd.model_id)
+    record = await ready_model(t, tenant, fwd.model_id)
     op: Op = "forward" if fwd.forward_only else "forward_backward"
     call = SessionCall(
         session=model_token(record.model_id),
@@ -296,7 +305,7 @@ class OptimStepBody(Lenient):
 
 @router.post("/optim_step")
 async def optim_step(body: OptimStepBody, t: T, tenant: Tenant) -> dict[str, str]:
-    record = await _ready_model(t, tenant, body.model_id)
+    record = await ready_model(t, tenant, body.model_id)
     call = SessionCall(
         session=model_token(record.model_id),
         tenant=tenant,
@@ -311,6 +320,12 @@ class SaveBody(Lenient):
     model_id: str
     seq_id: int = Field(ge=1)
     path: str | None = Field(default=None, description="a name for the checkpoint")
+    sampling_session_seq_id: int | None = Field(
+        default=None,
+        ge=0,
+        le=999_999_999,
+        description="save_weights_and_get_sampling_client: also open this sampling session",
+    )
 
 
 @router.post("/save_weights")
@@ -319,8 +334,10 @@ async def save_weights(body: SaveBody, t: T, tenant: Tenant) -> dict[str, str]:
 
 
 @router.post("/save_weights_for_sampler")
-async def save_weights_for_sampler(body: SaveBody, t: T, tenant: Tenant) -> dict[str, str]:
-    return await _save(t, tenant, body, "save_weights_for_sampler", "sampler_weights")
+async def save_weights_for_sampler(body: SaveBody, gw: GW, t: T, tenant: Tenant) -> dict[str, str]:
+    """The adapter alone, registered as a version of adapter ``<session>-train-<n>`` once saved
+    (servable by ``/v1/chat/completions`` too, and what a sampling client samples from)."""
+    return await _save(t, tenant, body, "save_weights_for_sampler", "sampler_weights", gw=gw)
 
 
 class LoadBody(Lenient):
@@ -338,13 +355,13 @@ async def load_weights(body: LoadBody, t: T, tenant: Tenant) -> dict[str, str]:
             detail="model_id: creating a training client from saved weights is not served "
             "yet; create one, then load_state",
         )
-    record = await _ready_model(t, tenant, body.model_id)
-    source_model, kind, name = _parse_path(body.path)
+    record = await ready_model(t, tenant, body.model_id)
+    source_model, kind, name = parse_path(body.path)
     if kind != "weights":
         raise HTTPException(
             status.HTTP_400_BAD_REQUEST, detail="path: load a save_state path (…/weights/…)"
         )
-    source = await _model(t, tenant, source_model, field="path")
+    source = await model_of(t, tenant, source_model, field="path")
     call = SessionCall(
         session=model_token(record.model_id),
         tenant=tenant,
@@ -385,7 +402,11 @@ async def retrieve_future(body: RetrieveBody, t: T, tenant: Tenant) -> Response 
 
 
 def _answer(future: FutureRecord) -> Response | dict[str, Any]:
-    if future.state == "failed" or future.result is None:
+    if future.state == "failed":
+        return {"error": future.error or "failed", "category": future.category or "server"}
+    if future.op == "sample" and future.sample is not None:
+        return Response(encode_sample_response(future.sample), media_type="application/x-protobuf")
+    if future.result is None:
         return {"error": future.error or "failed", "category": future.category or "server"}
     result: SessionResult = future.result
     if future.op in ("forward", "forward_backward"):
@@ -397,7 +418,10 @@ def _answer(future: FutureRecord) -> Response | dict[str, Any]:
     if future.op == "save_state":
         return {"type": "save_weights", "path": future.path}
     if future.op == "save_weights_for_sampler":
-        return {"type": "save_weights_for_sampler", "path": future.path}
+        answer = {"type": "save_weights_for_sampler", "path": future.path}
+        if future.sampling_session_id is not None:
+            answer["sampling_session_id"] = future.sampling_session_id
+        return answer
     return {"type": "load_weights", "path": future.path, "model_id": future.model_id}
 
 
@@ -425,29 +449,103 @@ async def _send(
     return {"request_id": request_id, "model_id": record.model_id}
 
 
-async def _save(t: Tables, tenant: str, body: SaveBody, op: Op, kind: str) -> dict[str, str]:
-    record = await _ready_model(t, tenant, body.model_id)
+async def _save(
+    t: Tables, tenant: str, body: SaveBody, op: Op, kind: str, gw: Gateway | None = None
+) -> dict[str, str]:
+    record = await ready_model(t, tenant, body.model_id)
     name = body.path or f"step-{body.seq_id:06d}"
+    if body.path is None and body.sampling_session_seq_id is not None:
+        name = f"sampler-{body.sampling_session_seq_id}"
     if not _CHECKPOINT_NAME.fullmatch(name):
         raise HTTPException(
             status.HTTP_400_BAD_REQUEST,
             detail="path: a name of letters, digits, '.', '_' and '-' (up to 128)",
         )
+    then = None
+    store_key = _store_key(record, kind, name)
+    if gw is not None:
+        # Written where the registry takes a result from (a job's output), the call's
+        # own id standing for the job: a retried call registers the version it made.
+        job_id = f"{model_token(record.model_id)}-s{body.seq_id}"
+        store_key = output_prefix(job_id, 1)
+        sampler = None
+        if body.sampling_session_seq_id is not None:
+            sampler = f"{record.session_id}:sample:{body.sampling_session_seq_id}"
+        then = _register_for_sampling(gw, t, record, name, job_id, store_key, sampler)
     call = SessionCall(
         session=model_token(record.model_id),
         tenant=tenant,
         seq_id=body.seq_id,
         op=op,
-        store_key=_store_key(record, kind, name),
+        store_key=store_key,
     )
-    return await _send(t, record, call, path=f"tinker://{record.model_id}/{kind}/{name}")
+    path = f"tinker://{record.model_id}/{kind}/{name}"
+    return await _send(t, record, call, path=path, then=then)
+
+
+def _register_for_sampling(
+    gw: Gateway,
+    t: Tables,
+    record: ModelRecord,
+    name: str,
+    job_id: str,
+    store_key: str,
+    sampler_id: str | None,
+) -> OnSettled:
+    """Once the worker saved the adapter: a version of adapter ``<session>-train-<n>`` in the
+    registry, and ``name`` -> that version in the model's record (what sampling clients of
+    ``tinker://<model_id>/sampler_weights/<name>`` sample from); with ``sampler_id``, that
+    sampling session too (``save_weights_and_get_sampling_client``)."""
+
+    async def register(future: FutureRecord) -> FutureRecord:
+        if future.state != "done" or future.result is None:
+            return future
+        base = record.base_model
+        lineage = Lineage(
+            tenant=record.tenant,
+            job_id=job_id,
+            attempt=1,
+            base_model=base.name,
+            base_model_version=base.version,
+            base_model_digest=base.digest or "",
+            dataset=f"tinker:{record.model_id}",
+            dataset_digest="",
+            lora=LoraSpec(
+                r=record.rank,
+                alpha=float(record.rank),
+                dropout=0.0,
+                target_modules=record.target_modules or ["q_proj", "v_proj"],
+            ),
+            training=TrainingSpec(max_steps=max(1, future.result.step)),
+            metrics={"step": float(future.result.step)},
+            worker_id=record.worker_id,
+        )
+        request = RegisterAdapter(
+            name=model_token(record.model_id), store_key=store_key, lineage=lineage
+        )
+        version = await gw.registry.call(REGISTER_ADAPTER, request)
+        ref = f"{version.name}@{version.version}"
+
+        def remember(r: ModelRecord) -> ModelRecord:
+            r.samplers[name] = ref
+            return r
+
+        await t.models.modify(model_token(record.model_id), remember)
+        future.adapter = ref
+        if sampler_id is not None:
+            sampler = SamplerRecord.of_weights(record, ref, future.path, sampler_id)
+            await t.samplers.put(model_token(sampler_id), sampler)
+            future.sampling_session_id = sampler_id
+        return future
+
+    return register
 
 
 def _store_key(record: ModelRecord, kind: str, name: str) -> str:
     return f"tinker/{record.tenant}/{model_token(record.model_id)}/{kind}/{name}"
 
 
-def _parse_path(path: str) -> tuple[str, str, str]:
+def parse_path(path: str) -> tuple[str, str, str]:
     parts = path.removeprefix("tinker://").split("/")
     if (
         not path.startswith("tinker://")
@@ -460,14 +558,14 @@ def _parse_path(path: str) -> tuple[str, str, str]:
     return parts[0], parts[1], parts[2]
 
 
-async def _session(t: Tables, tenant: str, session_id: str) -> SessionRecord:
+async def session_of(t: Tables, tenant: str, session_id: str) -> SessionRecord:
     found = await t.sessions.get(session_id) if _SESSION_ID.fullmatch(session_id) else None
     if found is None or found[0].tenant != tenant:
         raise HTTPException(status.HTTP_404_NOT_FOUND, detail="session_id: no such session")
     return found[0]
 
 
-async def _model(t: Tables, tenant: str, model_id: str, field: str = "model_id") -> ModelRecord:
+async def model_of(t: Tables, tenant: str, model_id: str, field: str = "model_id") -> ModelRecord:
     token = model_token(model_id)
     found = await t.models.get(token) if re.fullmatch(r"[A-Za-z0-9_-]{1,80}", token) else None
     # Another tenant's model is no different from none.
@@ -476,8 +574,8 @@ async def _model(t: Tables, tenant: str, model_id: str, field: str = "model_id")
     return found[0]
 
 
-async def _ready_model(t: Tables, tenant: str, model_id: str) -> ModelRecord:
-    record = await _model(t, tenant, model_id)
+async def ready_model(t: Tables, tenant: str, model_id: str) -> ModelRecord:
+    record = await model_of(t, tenant, model_id)
     if record.state == "failed":
         raise HTTPException(
             status.HTTP_409_CONFLICT, detail=f"model_id: the model failed: {record.error}"
@@ -487,7 +585,7 @@ async def _ready_model(t: Tables, tenant: str, model_id: str) -> ModelRecord:
     return record
 
 
-async def _base_model(gw: Gateway, name: str) -> ModelRef:
+async def base_model_of(gw: Gateway, name: str) -> ModelRef:
     """By registry name (``name`` or ``name@version``), else by the Hugging Face id it was
     registered with."""
     model: ModelVersion | None = None

@@ -30,8 +30,10 @@ from swarm_runtime.tracing import trace_headers
 
 log = logging.getLogger(__name__)
 
-# What a settled future does next (e.g. mark the model ready): given the record as settled.
-OnSettled = Callable[[FutureRecord], Awaitable[None]]
+# What a settled future does before anyone reads it settled (mark the model ready, register
+# the weights saved for sampling): given the record as the worker settled it, the record to
+# keep (the same, or one it changed: a registration that failed fails the future).
+OnSettled = Callable[[FutureRecord], Awaitable[FutureRecord]]
 
 
 class Calls:
@@ -70,6 +72,15 @@ class Calls:
             reply=f"{self.inbox}.{future.request_id}",
             headers=trace_headers(),
         )
+
+    def expect(self, request_id: str) -> None:
+        """A future this gateway settles itself (a sample): ``wait`` wakes at ``settled``."""
+        self._settled[request_id] = asyncio.Event()
+
+    def settled(self, request_id: str) -> None:
+        event = self._settled.pop(request_id, None)
+        if event is not None:
+            event.set()
 
     async def wait(self, request_id: str, timeout: float) -> None:
         """Until this gateway saw the future settled, or ``timeout``; a future another gateway
@@ -113,11 +124,14 @@ class Calls:
                     user = reply.code in ("invalid", "not_found", "conflict")
                     future.category = "user" if user else "server"
                     future.error = reply.error or "the worker refused the call"
-        future.done_at = time.time()
-        await self.futures.update(request_id, future, revision)
         then = self._then.pop(request_id, None)
         if then is not None:
-            await then(future)
-        event = self._settled.pop(request_id, None)
-        if event is not None:
-            event.set()
+            try:
+                future = await then(future)
+            except Exception as exc:
+                log.exception("settling the future %s failed", request_id)
+                future.state, future.category = "failed", "server"
+                future.error = f"the call ran, but what follows it failed: {exc}"
+        future.done_at = time.time()
+        await self.futures.update(request_id, future, revision)
+        self.settled(request_id)

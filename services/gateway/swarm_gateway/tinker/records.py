@@ -1,5 +1,6 @@
-"""The gateway's records of Tinker sessions, their training models and their futures (KV buckets
-``tinker_sessions``, ``tinker_models``, ``tinker_futures``: no other service reads them)."""
+"""The gateway's records of Tinker sessions, their training models, their samplers and their
+futures (KV buckets ``tinker_sessions``, ``tinker_models``, ``tinker_samplers``,
+``tinker_futures``: no other service reads them)."""
 
 from __future__ import annotations
 
@@ -35,10 +36,57 @@ class ModelRecord(BaseModel):
     base_model: ModelRef
     base_model_name: str = Field(description="as the client named it (registry name or HF id)")
     rank: int
+    target_modules: list[str] = Field(default_factory=list)
     state: Literal["creating", "ready", "failed", "closed"] = "creating"
     error: str | None = None
     max_context: int | None = None
+    samplers: dict[str, str] = Field(
+        default_factory=dict,
+        description="save_weights_for_sampler's names -> the adapter version registered (name@v)",
+    )
     created_at: datetime = Field(default_factory=utcnow)
+
+
+class SamplerRecord(BaseModel):
+    """A sampling session: what its samples come from (a base model, or an adapter version that
+    ``save_weights_for_sampler`` registered), served by the inference workers."""
+
+    sampler_id: str
+    session_id: str
+    tenant: str
+    base_model: str = Field(description="registry name")
+    base_model_version: int
+    base_model_name: str = Field(description="as the client named it (registry name or HF id)")
+    adapter: str | None = Field(default=None, description="name@version, None: the base model")
+    model_path: str | None = None
+    clients: int = Field(default=1, description="clients joined (join_sampling_session)")
+    created_at: datetime = Field(default_factory=utcnow)
+
+    @classmethod
+    def of_weights(
+        cls, model: ModelRecord, adapter: str, model_path: str | None, sampler_id: str = ""
+    ) -> SamplerRecord:
+        """A sampler of the weights ``model`` saved for sampling, registered as ``adapter``."""
+        return cls(
+            sampler_id=sampler_id,
+            session_id=model.session_id,
+            tenant=model.tenant,
+            base_model=model.base_model.name,
+            base_model_version=model.base_model.version,
+            base_model_name=model.base_model_name,
+            adapter=adapter,
+            model_path=model_path,
+        )
+
+
+class SampledSequence(BaseModel):
+    tokens: list[int]
+    logprobs: list[float] | None = None
+    stop_reason: Literal["stop", "length"]
+
+
+class SampleOutcome(BaseModel):
+    sequences: list[SampledSequence]
 
 
 class FutureRecord(BaseModel):
@@ -48,12 +96,19 @@ class FutureRecord(BaseModel):
     request_id: str
     tenant: str
     model_id: str
-    op: Op
+    op: Op | Literal["sample"]
     state: Literal["pending", "done", "failed"] = "pending"
     deadline: float
     sent_at: float = Field(default_factory=time.time)
     done_at: float | None = None
     result: SessionResult | None = None
+    sample: SampleOutcome | None = None
     path: str | None = Field(default=None, description="saves and loads: the tinker:// path")
+    adapter: str | None = Field(
+        default=None, description="save_weights_for_sampler: the version registered (name@v)"
+    )
+    sampling_session_id: str | None = Field(
+        default=None, description="save_weights_for_sampler: the sampling session it opened"
+    )
     error: str | None = None
     category: Literal["user", "server"] | None = None

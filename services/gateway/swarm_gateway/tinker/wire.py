@@ -1,6 +1,7 @@
 """The Tinker SDK's protobuf messages: ``forward_backward`` requests in, ``ForwardBackwardOutput``
-out. Built from the SDK's own file descriptor (wire_descriptor, tools/tinker_proto.py) in a pool
-of their own, so that they never clash with an SDK imported into the same process."""
+and ``SampleResponse`` out. Built from the SDK's own file descriptor (wire_descriptor,
+tools/tinker_proto.py) in a pool of their own, so that they never clash with an SDK imported
+into the same process."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from google.protobuf import descriptor_pool, message_factory
 from google.protobuf.message import DecodeError
 
 from swarm_contracts.sessions import SessionDatum, SessionResult
+from swarm_gateway.tinker.records import SampleOutcome
 from swarm_gateway.tinker.wire_descriptor import FILE_DESCRIPTOR
 
 _POOL = descriptor_pool.DescriptorPool()
@@ -24,6 +26,11 @@ def _message(name: str) -> Any:
 
 ForwardBackwardRequest = _message("ForwardBackwardRequest")
 ForwardBackwardOutput = _message("ForwardBackwardOutput")
+SampleResponse = _message("SampleResponse")
+_STOP_REASON = {
+    v.name.removeprefix("STOP_REASON_").lower(): v.number
+    for v in _POOL.FindEnumTypeByName("tinker_public.StopReason").values
+}
 _DTYPE = _POOL.FindEnumTypeByName("tinker_public.DType").values_by_name
 _FLOAT32 = _DTYPE["DTYPE_FLOAT32"].number
 _INT64 = _DTYPE["DTYPE_INT64"].number
@@ -121,4 +128,16 @@ def encode_forward_backward_output(result: SessionResult) -> bytes:
             field.dtype = _FLOAT32
             field.data = b"".join(a.tobytes() for a in arrays)
             field.offsets = offsets.tobytes()
+    return bytes(out.SerializeToString())
+
+
+def encode_sample_response(outcome: SampleOutcome) -> bytes:
+    """The sampled sequences: int32 token ids and float32 log-probabilities, as raw bytes."""
+    out = SampleResponse()
+    for sequence in outcome.sequences:
+        seq = out.sequences.add()
+        seq.stop_reason = _STOP_REASON[sequence.stop_reason]
+        seq.tokens = np.asarray(sequence.tokens, dtype=np.int32).tobytes()
+        if sequence.logprobs is not None:
+            seq.logprobs = np.asarray(sequence.logprobs, dtype=np.float32).tobytes()
     return bytes(out.SerializeToString())

@@ -1,0 +1,140 @@
+"""Tinker's sampling, on the inference workers' batched engine.
+
+A sampling session names what to sample from: a base model, or the adapter version that
+``save_weights_for_sampler`` registered (docs/tinker.md). Each ``asample`` becomes
+``num_samples`` token-level generation requests (``swarm_contracts.inference``, with
+``prompt_tokens`` and ``logprobs``) sent through the same routing as ``/v1/chat/completions``
+(``swarm_gateway.inference.generate``: retried on another worker when one is lost or full),
+run concurrently, so that the worker batches them; their answers settle the call's future.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, StrictInt
+
+from swarm_contracts.inference import MAX_STOP_STRINGS, GenerateRequest
+from swarm_gateway.inference import generate
+from swarm_gateway.openai_errors import OpenAIError
+from swarm_gateway.state import Gateway
+from swarm_gateway.tinker.records import (
+    FutureRecord,
+    SampledSequence,
+    SampleOutcome,
+    SamplerRecord,
+)
+from swarm_runtime.records import RecordTable
+
+log = logging.getLogger(__name__)
+
+
+class SamplingError(ValueError):
+    """A sampling request the gateway refuses up front: a 400 naming the field."""
+
+
+class SamplingParams(BaseModel):
+    """The SDK's ``SamplingParams``; ranges are checked by the generation request."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    max_tokens: int | None = None
+    seed: int | None = None
+    stop: str | list[StrictInt] | list[str] | None = None
+    temperature: float = 1.0
+    top_k: int = -1
+    top_p: float = 1.0
+
+
+def stops(stop: str | list[int] | list[str] | None) -> tuple[list[str], list[int] | None]:
+    """The SDK's ``stop`` as (stop strings, stop tokens): None keeps end-of-sequence, ``[]``
+    stops only at max_tokens, ids replace end-of-sequence, strings add to it."""
+    if stop is None:
+        return [], None
+    if isinstance(stop, str):
+        return [stop], None
+    if not stop:
+        return [], []
+    if isinstance(stop[0], int):
+        return [], [int(x) for x in stop]
+    if len(stop) > MAX_STOP_STRINGS:
+        raise SamplingError(f"sampling_params.stop: at most {MAX_STOP_STRINGS} strings")
+    return [str(x) for x in stop], None
+
+
+def generate_requests(
+    request_id: str,
+    sampler: SamplerRecord,
+    prompt: list[int],
+    num_samples: int,
+    params: SamplingParams,
+) -> list[GenerateRequest]:
+    """One token-level request per sample; with a seed, sample ``i`` draws with ``seed + i``
+    (the same seed for all would give ``num_samples`` copies of one sequence)."""
+    strings, tokens = stops(params.stop)
+    return [
+        GenerateRequest(
+            request_id=f"tinker-{request_id}-{i}",
+            tenant=sampler.tenant,
+            base_model=sampler.base_model,
+            base_model_version=sampler.base_model_version,
+            adapter=sampler.adapter,
+            prompt_tokens=prompt,
+            max_tokens=params.max_tokens,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            top_k=params.top_k,
+            seed=None if params.seed is None else params.seed + i,
+            stop=strings,
+            stop_tokens=tokens,
+            logprobs=True,
+        )
+        for i in range(num_samples)
+    ]
+
+
+async def sample_one(gw: Gateway, request: GenerateRequest) -> SampledSequence:
+    async for chunk in generate(gw, request):
+        if chunk.kind == "done":
+            return SampledSequence(
+                tokens=chunk.tokens or [],
+                logprobs=chunk.logprobs,
+                stop_reason=chunk.finish_reason or "stop",
+            )
+    raise OpenAIError(502, "the inference worker ended without an answer")
+
+
+async def run(
+    gw: Gateway,
+    futures: RecordTable[FutureRecord],
+    request_id: str,
+    requests: list[GenerateRequest],
+) -> None:
+    """Generate every sample and settle the future ``request_id`` with them, or with why not
+    (a 4xx of the worker's is the caller's mistake: the SDK's ``user`` category)."""
+    outcome: SampleOutcome | None = None
+    error: str | None = None
+    category: Literal["user", "server"] = "server"
+    try:
+        sequences = await asyncio.gather(*(sample_one(gw, r) for r in requests))
+        outcome = SampleOutcome(sequences=list(sequences))
+    except OpenAIError as exc:
+        error = exc.message
+        if 400 <= exc.status < 500:
+            category = "user"
+    except Exception as exc:
+        log.exception("sampling %s failed", request_id)
+        error = f"sampling failed: {exc!r}"
+
+    def settle(future: FutureRecord) -> FutureRecord:
+        if outcome is not None:
+            future.state, future.sample = "done", outcome
+        else:
+            future.state, future.error, future.category = "failed", error, category
+        future.done_at = time.time()
+        return future
+
+    await futures.modify(request_id, settle)
