@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import subprocess
+import sys
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -117,3 +121,35 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Itera
     report = yield
     setattr(item, f"rep_{report.when}", report)
     return report
+
+
+@contextlib.contextmanager
+def inference_worker(
+    stack: Stack, worker_id: str, models: str
+) -> Iterator[subprocess.Popen[bytes]]:
+    """Another inference worker of the stack, holding ``models`` (comma-separated), as its own
+    process (so that a test can kill it); yielded once it holds them."""
+    env = stack.local.env() | {
+        "SWARM_INFERENCE_WORKER_ID": worker_id,
+        "SWARM_INFERENCE_MODELS": models,
+        "SWARM_WORK_DIR": str(stack.local.root / f"work-{worker_id}"),
+        "SWARM_HEARTBEAT_INTERVAL_S": "0.5",
+    }
+    log = open(stack.local.logs_dir / f"inference-{worker_id}.log", "ab")  # noqa: SIM115
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "swarm_inference"], env=env, stdout=log, stderr=subprocess.STDOUT
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not any(
+            w.worker_id == worker_id and w.base_models for w in stack.client.inference_workers()
+        ):
+            assert proc.poll() is None, f"inference worker {worker_id} died at start"
+            assert time.monotonic() < deadline, f"inference worker {worker_id} never held {models}"
+            time.sleep(0.3)
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        log.close()

@@ -13,9 +13,7 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +31,7 @@ from swarm_contracts.inference import GenerateChunk
 from swarm_contracts.jobs import JobState
 
 from ..conftest import ServerThread, sample, scrape
-from .conftest import INFERENCE_WORKER, Stack
+from .conftest import INFERENCE_WORKER, Stack, inference_worker
 
 pytestmark = pytest.mark.slow
 
@@ -397,33 +395,9 @@ def test_swarm_chat_answers_once_or_streams(stack: Stack, adapters: dict[str, Pa
 VICTIM = "e2e-victim"
 
 
-@contextlib.contextmanager
-def victim_worker(stack: Stack) -> Iterator[subprocess.Popen[bytes]]:
+def victim_worker(stack: Stack) -> contextlib.AbstractContextManager[subprocess.Popen[bytes]]:
     """A second inference worker for tiny-llama, as its own process (so it can be killed)."""
-    env = stack.local.env() | {
-        "SWARM_INFERENCE_WORKER_ID": VICTIM,
-        "SWARM_INFERENCE_MODELS": "tiny-llama",
-        "SWARM_WORK_DIR": str(stack.local.root / "work-victim"),
-        "SWARM_HEARTBEAT_INTERVAL_S": "0.5",
-    }
-    log = open(stack.local.logs_dir / "inference-victim.log", "ab")  # noqa: SIM115
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "swarm_inference"], env=env, stdout=log, stderr=subprocess.STDOUT
-    )
-    try:
-        deadline = time.monotonic() + 120
-        while not any(
-            w.worker_id == VICTIM and w.base_models for w in stack.client.inference_workers()
-        ):
-            assert proc.poll() is None, "the victim worker died at start"
-            assert time.monotonic() < deadline, "the victim worker never held tiny-llama"
-            time.sleep(0.3)
-        yield proc
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
-        log.close()
+    return inference_worker(stack, VICTIM, "tiny-llama")
 
 
 async def _accepted_by(nc: nats.NATS, worker: str) -> asyncio.Event:

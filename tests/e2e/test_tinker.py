@@ -4,18 +4,23 @@ the stack's trainer, driven call by call over the gateway's Tinker API."""
 from __future__ import annotations
 
 import itertools
+import shutil
 import time
+from collections.abc import Iterator
 
 import numpy as np
 import openai
 import pytest
 import tinker
+import torch
+from safetensors.torch import load_file, save_file
 from tinker import types
 
-from .conftest import Stack
+from .conftest import Stack, inference_worker
 
 pytestmark = pytest.mark.slow
 
+STEPS = 15  # of the RL loop
 TOKENS = [5, 17, 42, 99, 7, 250, 31, 8, 64, 128, 3, 77, 19, 200, 11, 45]
 
 
@@ -78,6 +83,31 @@ def test_the_stock_sdk_trains_a_lora_session_and_its_state_round_trips(stack: St
     with pytest.raises(tinker.RequestFailedError, match="no forward_backward"):
         training.optim_step(types.AdamParams(learning_rate=1e-3)).result(timeout=60)
     assert _logprobs(training) == before
+
+    # A new training client from the saved state: its weights, with or without its optimizer.
+    fresh = service.create_training_client_from_state(saved).result(timeout=120)
+    assert fresh.get_info().lora_rank == 4
+    assert _logprobs(fresh) == before
+    resumed = service.create_training_client_from_state_with_optimizer(saved).result(timeout=120)
+    assert _logprobs(resumed) == before
+
+    # forward_backward_custom: the SDK's forward, the loss's gradient on the client, then a
+    # cross_entropy backward weighted by it. A custom loss equal to cross_entropy moves the
+    # weights exactly as cross_entropy does, from the same state and optimizer.
+    def custom(data: list[types.Datum], logprobs: list[torch.Tensor]) -> tuple[torch.Tensor, dict]:
+        return -sum(lp.sum() for lp in logprobs), {}
+
+    out = training.forward_backward_custom([_datum()], custom).result(timeout=60)
+    assert out.metrics["loss:sum"] > 0
+    training.optim_step(types.AdamParams(learning_rate=1e-2)).result(timeout=60)
+    resumed.forward_backward([_datum()], "cross_entropy").result(timeout=60)
+    resumed.optim_step(types.AdamParams(learning_rate=1e-2)).result(timeout=60)
+    stepped = _logprobs(resumed)
+    assert _logprobs(training) == pytest.approx(stepped, abs=1e-6)
+    # Without the optimizer's state, the same step lands elsewhere.
+    fresh.forward_backward([_datum()], "cross_entropy").result(timeout=60)
+    fresh.optim_step(types.AdamParams(learning_rate=1e-2)).result(timeout=60)
+    assert _logprobs(fresh) != pytest.approx(stepped, abs=1e-6)
 
 
 def test_the_stock_sdk_samples_its_trained_weights_through_the_inference_service(
@@ -148,3 +178,73 @@ def test_the_stock_sdk_samples_its_trained_weights_through_the_inference_service
         service.create_sampling_client(
             model_path=f"tinker://{training.model_id}/sampler_weights/never-saved"
         ).result(timeout=60)
+
+
+def _reward(tokens: list[int]) -> float:
+    """The toy task: say small token ids (a quarter of the vocabulary)."""
+    return sum(t < 128 for t in tokens) / len(tokens)
+
+
+@pytest.fixture(scope="module")
+def rl_base(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A base model a policy can move: the tiny random model with its output layer ten times
+    stronger. (The tiny model's own logits are nearly flat, and its final norm bounds what a
+    LoRA on attention and MLP can do to them: no reward moves by more than a few percent.)"""
+    out = tmp_path_factory.mktemp("tiny-rl")
+    shutil.copytree(stack.model_dir, out, dirs_exist_ok=True)
+    weights = load_file(out / "model.safetensors")
+    weights["lm_head.weight"] = weights["lm_head.weight"] * 10
+    save_file(weights, out / "model.safetensors", metadata={"format": "pt"})
+    stack.client.add_model("tiny-rl", out)
+    with inference_worker(stack, "e2e-rl", "tiny-rl"):
+        yield "tiny-rl"
+
+
+def test_an_rl_loop_on_sampled_completions_raises_the_mean_reward(
+    stack: Stack, rl_base: str
+) -> None:
+    """The loop an RL researcher writes: sample from the current weights, score, and train with
+    importance_sampling on the sampler's own log-probabilities."""
+    _wait_for_the_trainer(stack)
+    service = tinker.ServiceClient(base_url=stack.local.gateway_url, api_key="tml-local")
+    training = service.create_lora_training_client(base_model=rl_base, rank=8, seed=2).result(
+        timeout=120
+    )
+    prompt = TOKENS[:4]
+
+    def sample(sampler: tinker.SamplingClient, n: int, seed: int) -> list[types.SampledSequence]:
+        params = types.SamplingParams(max_tokens=6, temperature=1.0, stop=[], seed=seed)
+        out = sampler.sample(types.ModelInput.from_ints(prompt), n, params).result(timeout=120)
+        return list(out.sequences)
+
+    def mean_reward() -> float:
+        sampler = training.save_weights_and_get_sampling_client().result(timeout=120)
+        return float(np.mean([_reward(s.tokens) for s in sample(sampler, 32, 7)]))
+
+    start = mean_reward()
+    for step in range(STEPS):
+        sampler = training.save_weights_and_get_sampling_client().result(timeout=120)
+        group = sample(sampler, 16, 1000 + step)
+        rewards = np.array([_reward(s.tokens) for s in group])
+        advantages = rewards - rewards.mean()
+        pad = len(prompt) - 1  # the prompt's positions carry no loss
+        data = []
+        for seq, advantage in zip(group, advantages, strict=True):
+            assert seq.logprobs is not None
+            full = prompt + seq.tokens
+            data.append(
+                types.Datum(
+                    model_input=types.ModelInput.from_ints(full[:-1]),
+                    loss_fn_inputs={
+                        "target_tokens": np.array(full[1:], dtype=np.int64),
+                        "logprobs": np.array([0.0] * pad + seq.logprobs, dtype=np.float32),
+                        "advantages": np.array(
+                            [0.0] * pad + [advantage] * len(seq.tokens), dtype=np.float32
+                        ),
+                    },
+                )
+            )
+        training.forward_backward(data, "importance_sampling").result(timeout=60)
+        training.optim_step(types.AdamParams(learning_rate=5e-2)).result(timeout=60)
+    end = mean_reward()
+    assert end > start + 0.4, (start, end)

@@ -75,7 +75,10 @@ class SessionHost:
             from swarm_trainer.session import TrainingSession
 
             with fetch.base_model(self.cache, store, spec.base_model) as entry:
-                return TrainingSession(spec, entry.path)
+                session = TrainingSession(spec, entry.path)
+            if spec.load_key is not None:
+                session.load(store, spec.load_key, optimizer=spec.load_optimizer)
+            return session
 
         session = await asyncio.to_thread(build)
         self.held[call.session] = Held(call.tenant, session)

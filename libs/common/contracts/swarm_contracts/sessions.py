@@ -67,6 +67,10 @@ class CreateSession(BaseModel):
     train_mlp: bool = True
     train_attn: bool = True
     train_unembed: bool = True
+    load_key: str | None = Field(
+        default=None, description="start from this save_state (create_training_client_from_state)"
+    )
+    load_optimizer: bool = Field(default=False, description="with load_key: its optimizer too")
 
     @property
     def target_modules(self) -> list[str]:

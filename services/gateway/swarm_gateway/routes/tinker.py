@@ -27,7 +27,9 @@ from swarm_contracts.layout import output_prefix
 from swarm_contracts.registry import GetModel, Lineage, ListModels, ModelVersion, RegisterAdapter
 from swarm_contracts.registry_api import GET_MODEL, LIST_MODELS, REGISTER_ADAPTER
 from swarm_contracts.sessions import (
+    ATTENTION_MODULES,
     LOSSES,
+    MLP_MODULES,
     AdamStep,
     CreateSession,
     Op,
@@ -206,20 +208,8 @@ class CreateModelBody(Lenient):
 @router.post("/create_model")
 async def create_model(body: CreateModelBody, gw: GW, t: T, tenant: Tenant) -> dict[str, str]:
     await session_of(t, tenant, body.session_id)
-    model_id = f"{body.session_id}:train:{body.model_seq_id}"
     base = await base_model_of(gw, body.base_model)
-    worker_id = await _place(gw, base)
     lora = body.lora_config or LoraBody(rank=32)
-    record = ModelRecord(
-        model_id=model_id,
-        session_id=body.session_id,
-        tenant=tenant,
-        worker_id=worker_id,
-        base_model=base,
-        base_model_name=body.base_model,
-        rank=lora.rank,
-    )
-    token = model_token(model_id)
     create = CreateSession(
         base_model=base,
         rank=lora.rank,
@@ -228,7 +218,33 @@ async def create_model(body: CreateModelBody, gw: GW, t: T, tenant: Tenant) -> d
         train_attn=lora.train_attn,
         train_unembed=lora.train_unembed,
     )
-    record.target_modules = create.target_modules
+    return await _create(gw, t, tenant, body.session_id, body.model_seq_id, create, body.base_model)
+
+
+async def _create(
+    gw: Gateway,
+    t: Tables,
+    tenant: str,
+    session_id: str,
+    model_seq_id: int,
+    create: CreateSession,
+    base_model_name: str,
+    path: str | None = None,
+) -> dict[str, str]:
+    """Place and build a new training model (``create.load_key``: from saved state, whose
+    ``path`` the call's future then answers, as for a load)."""
+    model_id = f"{session_id}:train:{model_seq_id}"
+    record = ModelRecord(
+        model_id=model_id,
+        session_id=session_id,
+        tenant=tenant,
+        worker_id=await _place(gw, create.base_model),
+        base_model=create.base_model,
+        base_model_name=base_model_name,
+        rank=create.rank,
+        target_modules=create.target_modules,
+    )
+    token = model_token(model_id)
     await t.models.put(token, record)
     call = SessionCall(session=token, tenant=tenant, seq_id=0, op="create", create=create)
 
@@ -245,7 +261,7 @@ async def create_model(body: CreateModelBody, gw: GW, t: T, tenant: Tenant) -> d
         await t.models.modify(token, settle)
         return future
 
-    return await _send(t, record, call, then=created)
+    return await _send(t, record, call, then=created, path=path)
 
 
 class GetInfoBody(Lenient):
@@ -345,23 +361,46 @@ class LoadBody(Lenient):
     seq_id: int | None = Field(default=None, ge=1)
     path: str
     optimizer: bool = True
+    # create_training_client_from_state: a new model of this session, built from the state.
+    session_id: str | None = None
+    model_seq_id: int | None = Field(default=None, ge=0, le=999_999)
 
 
 @router.post("/load_weights")
-async def load_weights(body: LoadBody, t: T, tenant: Tenant) -> dict[str, str]:
-    if body.model_id is None or body.seq_id is None:
-        raise HTTPException(
-            status.HTTP_400_BAD_REQUEST,
-            detail="model_id: creating a training client from saved weights is not served "
-            "yet; create one, then load_state",
-        )
-    record = await ready_model(t, tenant, body.model_id)
+async def load_weights(body: LoadBody, gw: GW, t: T, tenant: Tenant) -> dict[str, str]:
     source_model, kind, name = parse_path(body.path)
     if kind != "weights":
         raise HTTPException(
             status.HTTP_400_BAD_REQUEST, detail="path: load a save_state path (…/weights/…)"
         )
     source = await model_of(t, tenant, source_model, field="path")
+    if body.model_id is None or body.seq_id is None:
+        if body.session_id is None or body.model_seq_id is None:
+            raise HTTPException(
+                status.HTTP_400_BAD_REQUEST,
+                detail="model_id: give model_id and seq_id, or session_id and model_seq_id",
+            )
+        await session_of(t, tenant, body.session_id)
+        # The saved adapter's own shape: the same base model, rank and modules.
+        create = CreateSession(
+            base_model=source.base_model,
+            rank=source.rank,
+            train_attn=any(m in ATTENTION_MODULES for m in source.target_modules),
+            train_mlp=any(m in MLP_MODULES for m in source.target_modules),
+            load_key=_store_key(source, kind, name),
+            load_optimizer=body.optimizer,
+        )
+        return await _create(
+            gw,
+            t,
+            tenant,
+            body.session_id,
+            body.model_seq_id,
+            create,
+            source.base_model_name,
+            path=body.path,
+        )
+    record = await ready_model(t, tenant, body.model_id)
     call = SessionCall(
         session=model_token(record.model_id),
         tenant=tenant,
@@ -411,6 +450,8 @@ def _answer(future: FutureRecord) -> Response | dict[str, Any]:
     result: SessionResult = future.result
     if future.op in ("forward", "forward_backward"):
         return Response(encode_forward_backward_output(result), media_type="application/x-protobuf")
+    if future.op == "create" and future.path is not None:  # created from saved state
+        return {"type": "load_weights", "path": future.path, "model_id": future.model_id}
     if future.op == "create":
         return {"type": "create_model", "model_id": future.model_id}
     if future.op == "optim_step":
