@@ -52,12 +52,14 @@ from swarm_gateway.routes import (
 )
 from swarm_gateway.settings import GatewaySettings
 from swarm_gateway.state import Gateway
+from swarm_gateway.tinker import sessions
 from swarm_gateway.tinker.calls import Calls
 from swarm_gateway.tinker.records import (
     FutureRecord,
     ModelRecord,
     SamplerRecord,
     SessionRecord,
+    model_token,
 )
 from swarm_runtime.broker import make_broker
 from swarm_runtime.prometheus import otlp_bridge
@@ -177,6 +179,14 @@ def create_app(
             calls=calls,
             samplers=RecordTable(await kv_bucket(js, subjects, "tinker_samplers"), SamplerRecord),
         )
+        models = app.state.tinker.models
+
+        async def restore(future: FutureRecord) -> str:
+            # A call no worker heard: its model is built again on another worker.
+            token, lost = model_token(future.model_id), future.worker_id or ""
+            return await sessions.restore(app.state.gateway, models, calls, token, lost)
+
+        calls.on_lost = restore
         log.info("gateway connected to %s (namespace %r)", settings.nats_url, settings.namespace)
         if not api_keys:
             log.warning(AUTH_OFF_WARNING)

@@ -15,14 +15,13 @@ import re
 import secrets
 import time
 import uuid
-from datetime import timedelta
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Request, status
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from swarm_contracts.jobs import LoraSpec, ModelRef, TrainingSpec, utcnow
+from swarm_contracts.jobs import LoraSpec, ModelRef, TrainingSpec
 from swarm_contracts.layout import output_prefix
 from swarm_contracts.registry import GetModel, Lineage, ListModels, ModelVersion, RegisterAdapter
 from swarm_contracts.registry_api import GET_MODEL, LIST_MODELS, REGISTER_ADAPTER
@@ -38,11 +37,13 @@ from swarm_contracts.sessions import (
 )
 from swarm_gateway.auth import DEFAULT_TENANT, KeyTable
 from swarm_gateway.state import Gateway, get_gateway
+from swarm_gateway.tinker import sessions
 from swarm_gateway.tinker.calls import Calls, OnSettled
 from swarm_gateway.tinker.records import (
     FutureRecord,
     ModelRecord,
     SamplerRecord,
+    SavedState,
     SessionRecord,
     model_token,
 )
@@ -58,12 +59,8 @@ from swarm_runtime.rpc import Refused
 router = APIRouter(prefix="/api/v1", tags=["tinker"])
 GW = Annotated[Gateway, Depends(get_gateway)]
 
-# How long a worker may take over one call before its future reads as failed.
-CALL_TIMEOUT_S = 600.0
 # How long one retrieve_future waits for a pending future before answering try_again.
 LONG_POLL_S = 20.0
-# A worker whose last heartbeat is older than this holds no new session.
-FRESH_HEARTBEAT_S = 30.0
 _CHECKPOINT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _SESSION_ID = re.compile(r"^tsess-[0-9a-f]{16}$")
 
@@ -238,30 +235,17 @@ async def _create(
         model_id=model_id,
         session_id=session_id,
         tenant=tenant,
-        worker_id=await _place(gw, create.base_model),
+        worker_id=await sessions.place(gw, create.base_model),
         base_model=create.base_model,
         base_model_name=base_model_name,
         rank=create.rank,
         target_modules=create.target_modules,
+        create=create,
     )
     token = model_token(model_id)
     await t.models.put(token, record)
     call = SessionCall(session=token, tenant=tenant, seq_id=0, op="create", create=create)
-
-    async def created(future: FutureRecord) -> FutureRecord:
-        def settle(r: ModelRecord) -> ModelRecord:
-            if future.state == "done" and future.result is not None:
-                context = future.result.model_info.get("max_context")
-                r.max_context = context if isinstance(context, int) else None
-                r.state = "ready"
-            else:
-                r.state, r.error = "failed", future.error
-            return r
-
-        await t.models.modify(token, settle)
-        return future
-
-    return await _send(t, record, call, then=created, path=path)
+    return await _send(t, record, call, then=sessions.built(t.models, token), path=path)
 
 
 class GetInfoBody(Lenient):
@@ -346,6 +330,8 @@ class SaveBody(Lenient):
 
 @router.post("/save_weights")
 async def save_weights(body: SaveBody, t: T, tenant: Tenant) -> dict[str, str]:
+    """Adapter, optimizer and step; the model's latest is what a restore on another worker
+    starts from (``tinker.sessions``)."""
     return await _save(t, tenant, body, "save_state", "weights")
 
 
@@ -420,7 +406,9 @@ class RetrieveBody(Lenient):
 
 
 @router.post("/retrieve_future", response_model=None)
-async def retrieve_future(body: RetrieveBody, t: T, tenant: Tenant) -> Response | dict[str, Any]:
+async def retrieve_future(
+    body: RetrieveBody, gw: GW, t: T, tenant: Tenant
+) -> Response | dict[str, Any]:
     deadline = time.monotonic() + LONG_POLL_S
     # Ours are uuid4 hex; anything else (not even a valid KV key) names no future.
     known = re.fullmatch(r"[0-9a-f]{32}", body.request_id) is not None
@@ -432,12 +420,30 @@ async def retrieve_future(body: RetrieveBody, t: T, tenant: Tenant) -> Response 
         if future.state == "pending" and time.time() > future.deadline:
             future.state, future.category = "failed", "server"
             future.error = "no answer from the worker holding this session in time"
+        if future.state == "pending" and future.worker_id is not None:
+            lost = await _lost_with_its_worker(gw, t, future)
+            if lost is not None:
+                future.state, future.category, future.error = "failed", "server", lost
+                await t.futures.put(future.request_id, future)
         if future.state != "pending":
             return _answer(future)
         left = deadline - time.monotonic()
         if left <= 0:
             return {"type": "try_again", "request_id": future.request_id, "queue_state": "active"}
         await t.calls.wait(future.request_id, min(left, 1.0))
+
+
+async def _lost_with_its_worker(gw: Gateway, t: Tables, future: FutureRecord) -> str | None:
+    """Why a pending call will never be answered (its worker was lost: the model is restored
+    elsewhere, or was already), or None while its worker may still answer."""
+    assert future.worker_id is not None
+    found = await t.models.get(model_token(future.model_id))
+    moved = found is not None and found[0].worker_id != future.worker_id
+    if not moved and not await sessions.worker_lost(gw, future.worker_id):
+        return None
+    return await sessions.restore(
+        gw, t.models, t.calls, model_token(future.model_id), future.worker_id
+    )
 
 
 def _answer(future: FutureRecord) -> Response | dict[str, Any]:
@@ -482,8 +488,9 @@ async def _send(
         request_id=request_id,
         tenant=record.tenant,
         model_id=record.model_id,
+        worker_id=record.worker_id,
         op=call.op,
-        deadline=time.time() + CALL_TIMEOUT_S,
+        deadline=time.time() + sessions.CALL_TIMEOUT_S,
         path=path,
     )
     await t.calls.send(record.worker_id, call, future, then)
@@ -502,8 +509,9 @@ async def _save(
             status.HTTP_400_BAD_REQUEST,
             detail="path: a name of letters, digits, '.', '_' and '-' (up to 128)",
         )
-    then = None
     store_key = _store_key(record, kind, name)
+    path = f"tinker://{record.model_id}/{kind}/{name}"
+    then = _remember_state(t, record, SavedState(path=path, store_key=store_key, step=0))
     if gw is not None:
         # Written where the registry takes a result from (a job's output), the call's
         # own id standing for the job: a retried call registers the version it made.
@@ -520,8 +528,24 @@ async def _save(
         op=op,
         store_key=store_key,
     )
-    path = f"tinker://{record.model_id}/{kind}/{name}"
     return await _send(t, record, call, path=path, then=then)
+
+
+def _remember_state(t: Tables, record: ModelRecord, saved: SavedState) -> OnSettled:
+    """Once saved: the model's latest state, with the step the worker says it is at."""
+
+    async def remember(future: FutureRecord) -> FutureRecord:
+        if future.state == "done" and future.result is not None:
+            state = saved.model_copy(update={"step": future.result.step})
+
+            def latest(r: ModelRecord) -> ModelRecord:
+                r.last_state = state
+                return r
+
+            await t.models.modify(model_token(record.model_id), latest)
+        return future
+
+    return remember
 
 
 def _register_for_sampling(
@@ -653,23 +677,3 @@ async def base_model_of(gw: Gateway, name: str) -> ModelRef:
         digest=model.digest,
         hf_id=model.hf_id,
     )
-
-
-async def _place(gw: Gateway, base: ModelRef) -> str:
-    """A live worker of the cluster's own (sessions need its store keys), one that has the base
-    model cached first, then the one with the most free CPUs."""
-    fresh = utcnow() - timedelta(seconds=FRESH_HEARTBEAT_S)
-    workers = [
-        w
-        for w in await gw.workers.all()
-        if w.state == "alive"
-        and w.provider is None
-        and not (w.cordoned or w.draining or w.suspect)
-        and w.last_heartbeat >= fresh
-    ]
-    if not workers:
-        raise HTTPException(
-            status.HTTP_503_SERVICE_UNAVAILABLE, detail="no trainer worker can hold a session now"
-        )
-    best = max(workers, key=lambda w: (base.digest in w.cached_models, w.free.cpus, w.worker_id))
-    return best.worker_id

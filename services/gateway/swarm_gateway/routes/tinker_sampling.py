@@ -19,7 +19,6 @@ from pydantic import Field, ValidationError
 
 from swarm_contracts.inference import GenerateRequest
 from swarm_gateway.routes.tinker import (
-    CALL_TIMEOUT_S,
     GW,
     Lenient,
     T,
@@ -31,7 +30,7 @@ from swarm_gateway.routes.tinker import (
     session_of,
 )
 from swarm_gateway.state import Gateway
-from swarm_gateway.tinker import sampling
+from swarm_gateway.tinker import sampling, sessions
 from swarm_gateway.tinker.records import FutureRecord, SamplerRecord, model_token
 
 router = APIRouter(prefix="/api/v1", tags=["tinker"])
@@ -127,7 +126,7 @@ async def asample(body: SampleBody, gw: GW, t: T, tenant: Tenant) -> dict[str, A
         tenant=tenant,
         model_id=sampler.sampler_id or sampler.model_path or sampler.base_model_name,
         op="sample",
-        deadline=time.time() + CALL_TIMEOUT_S,
+        deadline=time.time() + sessions.CALL_TIMEOUT_S,
     )
     await t.futures.put(request_id, future)
     t.calls.expect(request_id)

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 
 from nats.aio.client import Client as NatsClient
@@ -34,6 +35,8 @@ log = logging.getLogger(__name__)
 # the weights saved for sampling): given the record as the worker settled it, the record to
 # keep (the same, or one it changed: a registration that failed fails the future).
 OnSettled = Callable[[FutureRecord], Awaitable[FutureRecord]]
+# What a call that found no worker listening tells its caller (``tinker.sessions.restore``).
+OnLost = Callable[[FutureRecord], Awaitable[str]]
 
 
 class Calls:
@@ -47,6 +50,12 @@ class Calls:
         self._sub: Subscription | None = None
         self._settled: dict[str, asyncio.Event] = {}
         self._then: dict[str, OnSettled] = {}
+        # Set by the app: the model of a call nobody answered is restored elsewhere.
+        self.on_lost: OnLost | None = None
+
+    @staticmethod
+    def new_id() -> str:
+        return uuid.uuid4().hex
 
     async def start(self) -> None:
         self._sub = await self.nc.subscribe(f"{self.inbox}.*", cb=self._on_reply)
@@ -108,6 +117,8 @@ class Calls:
         if msg.headers and msg.headers.get("Status") == "503":
             future.state, future.category = "failed", "server"
             future.error = "the worker holding this session is not listening (gone?)"
+            if self.on_lost is not None and future.op != "create":
+                future.error = await self.on_lost(future)
         else:
             try:
                 reply = Reply[SessionResult].model_validate_json(msg.data)

@@ -11,7 +11,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from swarm_contracts.jobs import ModelRef, utcnow
-from swarm_contracts.sessions import Op, SessionResult
+from swarm_contracts.sessions import CreateSession, Op, SessionResult
 
 
 def model_token(model_id: str) -> str:
@@ -24,6 +24,14 @@ class SessionRecord(BaseModel):
     tenant: str
     tags: list[str] = Field(default_factory=list)
     created_at: datetime = Field(default_factory=utcnow)
+
+
+class SavedState(BaseModel):
+    """A ``save_state``: its tinker:// path, where it is in the store, the optimizer's step."""
+
+    path: str
+    store_key: str
+    step: int
 
 
 class ModelRecord(BaseModel):
@@ -43,6 +51,15 @@ class ModelRecord(BaseModel):
     samplers: dict[str, str] = Field(
         default_factory=dict,
         description="save_weights_for_sampler's names -> the adapter version registered (name@v)",
+    )
+    create: CreateSession | None = Field(
+        default=None, description="what built it: a restore on another worker builds it again"
+    )
+    last_state: SavedState | None = Field(
+        default=None, description="its latest save_state: what a restore starts from"
+    )
+    restored: str | None = Field(
+        default=None, description="why and from what it was last restored on another worker"
     )
     created_at: datetime = Field(default_factory=utcnow)
 
@@ -96,6 +113,7 @@ class FutureRecord(BaseModel):
     request_id: str
     tenant: str
     model_id: str
+    worker_id: str | None = Field(default=None, description="where the call was sent")
     op: Op | Literal["sample"]
     state: Literal["pending", "done", "failed"] = "pending"
     deadline: float

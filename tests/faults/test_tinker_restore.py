@@ -1,0 +1,133 @@
+"""A Tinker training session outlives the worker that holds it: kill -9 that worker and the
+session is built again on the other one from its latest save_state, the call that was lost
+says so (and from which step training resumes), and the loop goes on (docs/tinker.md)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import time
+
+import nats
+import numpy as np
+import pytest
+import tinker
+from tinker import types
+
+from swarm_contracts.subjects import Subjects
+
+from .conftest import Procs, start_base
+
+pytestmark = pytest.mark.slow
+
+TOKENS = [5, 17, 42, 99, 7, 250, 31, 8, 64, 128, 3, 77]
+
+
+def _datum() -> types.Datum:
+    return types.Datum(
+        model_input=types.ModelInput.from_ints(TOKENS[:-1]),
+        loss_fn_inputs={
+            "target_tokens": np.array(TOKENS[1:], dtype=np.int64),
+            "weights": np.ones(len(TOKENS) - 1, dtype=np.float32),
+        },
+    )
+
+
+def _logprobs(client: tinker.TrainingClient) -> list[float]:
+    out = client.forward([_datum()], "cross_entropy").result(timeout=120)
+    values: list[float] = out.loss_fn_outputs[0]["logprobs"].tolist()
+    return values
+
+
+def _step(client: tinker.TrainingClient) -> None:
+    client.forward_backward([_datum()], "cross_entropy").result(timeout=120)
+    client.optim_step(types.AdamParams(learning_rate=1e-2)).result(timeout=120)
+
+
+def _holder(procs: Procs, model_id: str) -> str:
+    """The worker the gateway's record says holds the model (the tinker_models bucket)."""
+
+    async def read() -> str:
+        nc = await nats.connect(procs.nats.url)
+        try:
+            kv = await nc.jetstream().key_value(Subjects(procs.namespace).bucket("tinker_models"))
+            entry = await kv.get(model_id.replace(":", "-"))
+            assert entry.value is not None
+            worker: str = json.loads(entry.value)["worker_id"]
+            return worker
+        finally:
+            await nc.close()
+
+    return asyncio.run(read())
+
+
+def _session(procs: Procs) -> tinker.TrainingClient:
+    """Two trainers, and a training client on one of them."""
+    start_base(procs)
+    for name in ("t1", "t2"):
+        procs.start(name, "trainer", SWARM_WORKER_ID=name)
+    for name in ("t1", "t2"):
+        procs.wait_worker(name, lambda w: w["state"] == "alive", timeout=180)
+    service = tinker.ServiceClient(
+        base_url=f"http://127.0.0.1:{procs.gateway_port}", api_key="tml-local"
+    )
+    return service.create_lora_training_client(base_model="tiny", rank=4, seed=0).result(
+        timeout=180
+    )
+
+
+def test_a_killed_workers_session_is_restored_on_another_from_its_saved_state(
+    procs: Procs,
+) -> None:
+    training = _session(procs)
+    for _ in range(2):
+        _step(training)
+    saved = training.save_state("two").result(timeout=120).path
+    at_two = _logprobs(training)
+    _step(training)  # a step past the save: lost with the worker
+    assert _logprobs(training) != at_two
+
+    holder = _holder(procs, training.model_id)
+    other = "t2" if holder == "t1" else "t1"
+    procs.kill(holder)
+
+    # The first call after the loss fails, saying what happened and where training resumes.
+    started = time.monotonic()
+    with pytest.raises(tinker.RequestFailedError) as lost:
+        _logprobs(training)
+    message = str(lost.value)
+    assert f"worker {holder} holding this session was lost" in message, message
+    assert f"restored on worker {other} from save_state {saved} (step 2)" in message, message
+    assert time.monotonic() - started < 60, "the loss was noticed late"
+    assert _holder(procs, training.model_id) == other
+
+    # The session goes on there, from the saved state, optimizer and all.
+    assert _logprobs(training) == pytest.approx(at_two, abs=1e-6)
+    _step(training)
+    assert _logprobs(training) != pytest.approx(at_two, abs=1e-6)
+
+
+def test_a_call_in_flight_on_a_frozen_worker_fails_once_it_is_lost_and_the_session_moves(
+    procs: Procs,
+) -> None:
+    """The worker still holds its subscription (no "no responders"): the call is pending until
+    the scheduler gives the worker up, then fails the same way, and the model is restored."""
+    training = _session(procs)
+    _step(training)  # never saved: the restore starts from the initial weights
+    holder = _holder(procs, training.model_id)
+    other = "t2" if holder == "t1" else "t1"
+    procs.kill(holder, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        with pytest.raises(tinker.RequestFailedError) as lost:
+            _logprobs(training)
+        message = str(lost.value)
+        assert f"restored on worker {other} from its initial weights" in message, message
+        assert "resumes from step 0" in message, message
+        assert time.monotonic() - started < 60, "the loss was noticed late"
+    finally:
+        procs.kill(holder)
+    initial = _logprobs(training)
+    _step(training)
+    assert _logprobs(training) != pytest.approx(initial, abs=1e-6)
