@@ -16,28 +16,12 @@ import torch
 from safetensors.torch import load_file, save_file
 from tinker import types
 
+from ..tinker_data import TOKENS, datum, logprobs
 from .conftest import Stack, inference_worker
 
 pytestmark = pytest.mark.slow
 
 STEPS = 15  # of the RL loop
-TOKENS = [5, 17, 42, 99, 7, 250, 31, 8, 64, 128, 3, 77, 19, 200, 11, 45]
-
-
-def _datum() -> types.Datum:
-    return types.Datum(
-        model_input=types.ModelInput.from_ints(TOKENS[:-1]),
-        loss_fn_inputs={
-            "target_tokens": np.array(TOKENS[1:], dtype=np.int64),
-            "weights": np.ones(len(TOKENS) - 1, dtype=np.float32),
-        },
-    )
-
-
-def _logprobs(client: tinker.TrainingClient) -> list[float]:
-    out = client.forward([_datum()], "cross_entropy").result(timeout=60)
-    values: list[float] = out.loss_fn_outputs[0]["logprobs"].tolist()
-    return values
 
 
 def _wait_for_the_trainer(stack: Stack) -> None:
@@ -59,7 +43,7 @@ def test_the_stock_sdk_trains_a_lora_session_and_its_state_round_trips(stack: St
     losses = []
     for _ in range(4):
         # Both submitted before either is awaited: the session runs them in order.
-        fwd_bwd = training.forward_backward([_datum()], "cross_entropy")
+        fwd_bwd = training.forward_backward([datum()], "cross_entropy")
         step = training.optim_step(types.AdamParams(learning_rate=1e-2))
         out = fwd_bwd.result(timeout=60)
         step.result(timeout=60)
@@ -69,27 +53,27 @@ def test_the_stock_sdk_trains_a_lora_session_and_its_state_round_trips(stack: St
 
     saved = training.save_state("after-4").result(timeout=60).path
     assert saved == f"tinker://{training.model_id}/weights/after-4"
-    before = _logprobs(training)
-    training.forward_backward([_datum()], "cross_entropy").result(timeout=60)
+    before = logprobs(training)
+    training.forward_backward([datum()], "cross_entropy").result(timeout=60)
     training.optim_step(types.AdamParams(learning_rate=1e-2)).result(timeout=60)
-    assert _logprobs(training) != before  # the extra step moved the weights
+    assert logprobs(training) != before  # the extra step moved the weights
 
     training.load_state_with_optimizer(saved).result(timeout=60)
-    assert _logprobs(training) == before  # bit for bit (fp32 on CPU)
+    assert logprobs(training) == before  # bit for bit (fp32 on CPU)
 
     # Bad input is the SDK's error, naming what is wrong; the session goes on.
     with pytest.raises(tinker.BadRequestError, match="loss_fn"):
-        training.forward_backward([_datum()], "dro").result(timeout=60)
+        training.forward_backward([datum()], "dro").result(timeout=60)
     with pytest.raises(tinker.RequestFailedError, match="no forward_backward"):
         training.optim_step(types.AdamParams(learning_rate=1e-3)).result(timeout=60)
-    assert _logprobs(training) == before
+    assert logprobs(training) == before
 
     # A new training client from the saved state: its weights, with or without its optimizer.
     fresh = service.create_training_client_from_state(saved).result(timeout=120)
     assert fresh.get_info().lora_rank == 4
-    assert _logprobs(fresh) == before
+    assert logprobs(fresh) == before
     resumed = service.create_training_client_from_state_with_optimizer(saved).result(timeout=120)
-    assert _logprobs(resumed) == before
+    assert logprobs(resumed) == before
 
     # forward_backward_custom: the SDK's forward, the loss's gradient on the client, then a
     # cross_entropy backward weighted by it. A custom loss equal to cross_entropy moves the
@@ -97,17 +81,17 @@ def test_the_stock_sdk_trains_a_lora_session_and_its_state_round_trips(stack: St
     def custom(data: list[types.Datum], logprobs: list[torch.Tensor]) -> tuple[torch.Tensor, dict]:
         return -sum(lp.sum() for lp in logprobs), {}
 
-    out = training.forward_backward_custom([_datum()], custom).result(timeout=60)
+    out = training.forward_backward_custom([datum()], custom).result(timeout=60)
     assert out.metrics["loss:sum"] > 0
     training.optim_step(types.AdamParams(learning_rate=1e-2)).result(timeout=60)
-    resumed.forward_backward([_datum()], "cross_entropy").result(timeout=60)
+    resumed.forward_backward([datum()], "cross_entropy").result(timeout=60)
     resumed.optim_step(types.AdamParams(learning_rate=1e-2)).result(timeout=60)
-    stepped = _logprobs(resumed)
-    assert _logprobs(training) == pytest.approx(stepped, abs=1e-6)
+    stepped = logprobs(resumed)
+    assert logprobs(training) == pytest.approx(stepped, abs=1e-6)
     # Without the optimizer's state, the same step lands elsewhere.
-    fresh.forward_backward([_datum()], "cross_entropy").result(timeout=60)
+    fresh.forward_backward([datum()], "cross_entropy").result(timeout=60)
     fresh.optim_step(types.AdamParams(learning_rate=1e-2)).result(timeout=60)
-    assert _logprobs(fresh) != pytest.approx(stepped, abs=1e-6)
+    assert logprobs(fresh) != pytest.approx(stepped, abs=1e-6)
 
 
 def test_the_stock_sdk_samples_its_trained_weights_through_the_inference_service(
@@ -122,7 +106,7 @@ def test_the_stock_sdk_samples_its_trained_weights_through_the_inference_service
         timeout=120
     )
     for _ in range(3):  # far enough from the base that base and adapter sample differently
-        training.forward_backward([_datum()], "cross_entropy").result(timeout=60)
+        training.forward_backward([datum()], "cross_entropy").result(timeout=60)
         training.optim_step(types.AdamParams(learning_rate=5e-2)).result(timeout=60)
 
     sampler = training.save_weights_and_get_sampling_client().result(timeout=120)
@@ -136,15 +120,7 @@ def test_the_stock_sdk_samples_its_trained_weights_through_the_inference_service
     assert out.sequences[1].tokens == tokens  # greedy: both samples alike
     # What the trainer's forward says of those tokens after the prompt: the sampler serves
     # the trained weights, not the base model's.
-    full = TOKENS[:6] + tokens
-    datum = types.Datum(
-        model_input=types.ModelInput.from_ints(full[:-1]),
-        loss_fn_inputs={
-            "target_tokens": np.array(full[1:], dtype=np.int64),
-            "weights": np.ones(len(full) - 1, dtype=np.float32),
-        },
-    )
-    trained = training.forward([datum], "cross_entropy").result(timeout=60)
+    trained = training.forward([datum(TOKENS[:6] + tokens)], "cross_entropy").result(timeout=60)
     expected = trained.loss_fn_outputs[0]["logprobs"].tolist()[5:]
     assert out.sequences[0].logprobs == pytest.approx(expected, abs=1e-3)
     base = service.create_sampling_client(base_model="tiny-llama").result(timeout=60)

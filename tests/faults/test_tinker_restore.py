@@ -10,38 +10,20 @@ import signal
 import time
 
 import nats
-import numpy as np
 import pytest
 import tinker
 from tinker import types
 
 from swarm_contracts.subjects import Subjects
 
+from ..tinker_data import datum, logprobs
 from .conftest import Procs, start_base
 
 pytestmark = pytest.mark.slow
 
-TOKENS = [5, 17, 42, 99, 7, 250, 31, 8, 64, 128, 3, 77]
-
-
-def _datum() -> types.Datum:
-    return types.Datum(
-        model_input=types.ModelInput.from_ints(TOKENS[:-1]),
-        loss_fn_inputs={
-            "target_tokens": np.array(TOKENS[1:], dtype=np.int64),
-            "weights": np.ones(len(TOKENS) - 1, dtype=np.float32),
-        },
-    )
-
-
-def _logprobs(client: tinker.TrainingClient) -> list[float]:
-    out = client.forward([_datum()], "cross_entropy").result(timeout=120)
-    values: list[float] = out.loss_fn_outputs[0]["logprobs"].tolist()
-    return values
-
 
 def _step(client: tinker.TrainingClient) -> None:
-    client.forward_backward([_datum()], "cross_entropy").result(timeout=120)
+    client.forward_backward([datum()], "cross_entropy").result(timeout=120)
     client.optim_step(types.AdamParams(learning_rate=1e-2)).result(timeout=120)
 
 
@@ -84,9 +66,9 @@ def test_a_killed_workers_session_is_restored_on_another_from_its_saved_state(
     for _ in range(2):
         _step(training)
     saved = training.save_state("two").result(timeout=120).path
-    at_two = _logprobs(training)
+    at_two = logprobs(training)
     _step(training)  # a step past the save: lost with the worker
-    assert _logprobs(training) != at_two
+    assert logprobs(training) != at_two
 
     holder = _holder(procs, training.model_id)
     other = "t2" if holder == "t1" else "t1"
@@ -95,7 +77,7 @@ def test_a_killed_workers_session_is_restored_on_another_from_its_saved_state(
     # The first call after the loss fails, saying what happened and where training resumes.
     started = time.monotonic()
     with pytest.raises(tinker.RequestFailedError) as lost:
-        _logprobs(training)
+        logprobs(training)
     message = str(lost.value)
     assert f"worker {holder} holding this session was lost" in message, message
     assert f"restored on worker {other} from save_state {saved} (step 2)" in message, message
@@ -103,9 +85,9 @@ def test_a_killed_workers_session_is_restored_on_another_from_its_saved_state(
     assert _holder(procs, training.model_id) == other
 
     # The session goes on there, from the saved state, optimizer and all.
-    assert _logprobs(training) == pytest.approx(at_two, abs=1e-6)
+    assert logprobs(training) == pytest.approx(at_two, abs=1e-6)
     _step(training)
-    assert _logprobs(training) != pytest.approx(at_two, abs=1e-6)
+    assert logprobs(training) != pytest.approx(at_two, abs=1e-6)
 
 
 def test_a_call_in_flight_on_a_frozen_worker_fails_once_it_is_lost_and_the_session_moves(
@@ -121,13 +103,13 @@ def test_a_call_in_flight_on_a_frozen_worker_fails_once_it_is_lost_and_the_sessi
     try:
         started = time.monotonic()
         with pytest.raises(tinker.RequestFailedError) as lost:
-            _logprobs(training)
+            logprobs(training)
         message = str(lost.value)
         assert f"restored on worker {other} from its initial weights" in message, message
         assert "resumes from step 0" in message, message
         assert time.monotonic() - started < 60, "the loss was noticed late"
     finally:
         procs.kill(holder)
-    initial = _logprobs(training)
+    initial = logprobs(training)
     _step(training)
-    assert _logprobs(training) != pytest.approx(initial, abs=1e-6)
+    assert logprobs(training) != pytest.approx(initial, abs=1e-6)
