@@ -16,6 +16,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from tinker import types
 
+from ..conftest import sample, scrape
 from ..tinker_data import TOKENS, datum, logprobs
 from .conftest import Stack, inference_worker
 
@@ -67,6 +68,15 @@ def test_the_stock_sdk_trains_a_lora_session_and_its_state_round_trips(stack: St
     with pytest.raises(tinker.RequestFailedError, match="no forward_backward"):
         training.optim_step(types.AdamParams(learning_rate=1e-3)).result(timeout=60)
     assert logprobs(training) == before
+
+    # Every call's time, and of it the worker's own, in the gateway's metrics.
+    scraped = scrape(stack.local.gateway_port)
+    calls = "swarm_gateway_tinker_calls_total"
+    assert sample(scraped, calls, op="forward_backward", state="done") >= 5
+    assert sample(scraped, calls, op="optim_step", state="failed") >= 1
+    timed = "swarm_gateway_tinker_call_seconds_count"
+    for part in ("total", "compute", "queue"):
+        assert sample(scraped, timed, op="optim_step", part=part) >= 4
 
     # A new training client from the saved state: its weights, with or without its optimizer.
     fresh = service.create_training_client_from_state(saved).result(timeout=120)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -187,6 +188,13 @@ def create_app(
             return await sessions.restore(app.state.gateway, models, calls, token, lost)
 
         calls.on_lost = restore
+
+        def timed(future: FutureRecord) -> None:
+            total = (future.done_at or time.time()) - future.sent_at
+            compute = future.result.compute_s if future.result is not None else None
+            metrics.tinker_settled(future.op, future.state, total, compute)
+
+        calls.on_timed = timed
         log.info("gateway connected to %s (namespace %r)", settings.nats_url, settings.namespace)
         if not api_keys:
             log.warning(AUTH_OFF_WARNING)

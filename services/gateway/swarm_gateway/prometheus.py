@@ -34,6 +34,31 @@ class GatewayMetrics:
             "Jobs published to the submit stream",
             registry=self.registry,
         )
+        # The Tinker API's calls (docs/tinker.md): how long from sent to settled, and of that how
+        # long the worker computed (the rest: waiting behind the session's earlier calls, and
+        # the trip); sampling's compute is its generation.
+        self.tinker_call = Histogram(
+            "swarm_gateway_tinker_call_seconds",
+            "Tinker API calls from sent to settled, by op and part (total, compute, queue)",
+            ["op", "part"],
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
+            registry=self.registry,
+        )
+        self.tinker_calls = Counter(
+            "swarm_gateway_tinker_calls_total",
+            "Tinker API calls settled, by op and state (done, failed)",
+            ["op", "state"],
+            registry=self.registry,
+        )
+
+    def tinker_settled(self, op: str, state: str, total_s: float, compute_s: float | None) -> None:
+        self.tinker_calls.labels(op=op, state=state).inc()
+        if state != "done":
+            return
+        self.tinker_call.labels(op=op, part="total").observe(total_s)
+        if compute_s is not None:
+            self.tinker_call.labels(op=op, part="compute").observe(compute_s)
+            self.tinker_call.labels(op=op, part="queue").observe(max(0.0, total_s - compute_s))
 
 
 class MetricsMiddleware:

@@ -52,8 +52,10 @@ class SessionHost:
         if call.seq_id <= held.last_seq:
             raise Refused(f"seq_id: {call.seq_id} out of order, after {held.last_seq}")
         held.last_seq = call.seq_id
-        held.last_used = time.monotonic()
-        return await asyncio.to_thread(self._run, held, call)
+        held.last_used = started = time.monotonic()
+        result = await asyncio.to_thread(self._run, held, call)
+        result.compute_s = time.monotonic() - started
+        return result
 
     def close_idle(self) -> None:
         now = time.monotonic()
@@ -80,10 +82,13 @@ class SessionHost:
                 session.load(store, spec.load_key, optimizer=spec.load_optimizer)
             return session
 
+        started = time.monotonic()
         session = await asyncio.to_thread(build)
         self.held[call.session] = Held(call.tenant, session)
         log.info("training session %s (%s) opened", call.session, spec.base_model.name)
-        return session.info()  # type: ignore[attr-defined]
+        result: SessionResult = session.info()  # type: ignore[attr-defined]
+        result.compute_s = time.monotonic() - started
+        return result
 
     def _store(self) -> ObjectStore:
         if self.store is None:

@@ -105,3 +105,6 @@ class SessionResult(BaseModel):
     files: dict[str, str] = Field(default_factory=dict, description="saved file -> sha256")
     step: int = 0
     model_info: dict[str, str | int | None] = Field(default_factory=dict)
+    compute_s: float | None = Field(
+        default=None, description="how long the worker ran the call (not waiting for its turn)"
+    )

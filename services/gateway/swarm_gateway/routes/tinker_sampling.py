@@ -139,10 +139,11 @@ async def asample(body: SampleBody, gw: GW, t: T, tenant: Tenant) -> dict[str, A
 
 def _start(t: Tables, request_id: str, requests: list[GenerateRequest], gw: Gateway) -> None:
     async def work() -> None:
+        future = None
         try:
-            await sampling.run(gw, t.futures, request_id, requests)
+            future = await sampling.run(gw, t.futures, request_id, requests)
         finally:
-            t.calls.settled(request_id)
+            t.calls.settled(request_id, future)
 
     task = asyncio.create_task(work())
     t.tasks.add(task)

@@ -52,6 +52,8 @@ class Calls:
         self._then: dict[str, OnSettled] = {}
         # Set by the app: the model of a call nobody answered is restored elsewhere.
         self.on_lost: OnLost | None = None
+        # Set by the app: each settled call's timing, for Prometheus.
+        self.on_timed: Callable[[FutureRecord], None] | None = None
 
     @staticmethod
     def new_id() -> str:
@@ -86,10 +88,13 @@ class Calls:
         """A future this gateway settles itself (a sample): ``wait`` wakes at ``settled``."""
         self._settled[request_id] = asyncio.Event()
 
-    def settled(self, request_id: str) -> None:
+    def settled(self, request_id: str, future: FutureRecord | None = None) -> None:
+        """Wake ``wait``; with the settled ``future``, count its timing."""
         event = self._settled.pop(request_id, None)
         if event is not None:
             event.set()
+        if future is not None and self.on_timed is not None:
+            self.on_timed(future)
 
     async def wait(self, request_id: str, timeout: float) -> None:
         """Until this gateway saw the future settled, or ``timeout``; a future another gateway
@@ -145,4 +150,4 @@ class Calls:
                 future.error = f"the call ran, but what follows it failed: {exc}"
         future.done_at = time.time()
         await self.futures.update(request_id, future, revision)
-        self.settled(request_id)
+        self.settled(request_id, future)

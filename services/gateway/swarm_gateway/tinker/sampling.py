@@ -112,7 +112,7 @@ async def run(
     futures: RecordTable[FutureRecord],
     request_id: str,
     requests: list[GenerateRequest],
-) -> None:
+) -> FutureRecord | None:
     """Generate every sample and settle the future ``request_id`` with them, or with why not
     (a 4xx of the worker's is the caller's mistake: the SDK's ``user`` category)."""
     outcome: SampleOutcome | None = None
@@ -137,4 +137,5 @@ async def run(
         future.done_at = time.time()
         return future
 
-    await futures.modify(request_id, settle)
+    written = await futures.modify(request_id, settle)
+    return written[0] if written is not None else None
