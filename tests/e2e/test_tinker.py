@@ -8,6 +8,7 @@ import shutil
 import time
 from collections.abc import Iterator
 
+import httpx
 import numpy as np
 import openai
 import pytest
@@ -102,6 +103,19 @@ def test_the_stock_sdk_trains_a_lora_session_and_its_state_round_trips(stack: St
     fresh.forward_backward([datum()], "cross_entropy").result(timeout=60)
     fresh.optim_step(types.AdamParams(learning_rate=1e-2)).result(timeout=60)
     assert logprobs(fresh) != pytest.approx(stepped, abs=1e-6)
+
+    # Closing the session frees its models; the server refuses anything more on them.
+    service.close("success").result(timeout=60)
+    url, key = stack.local.gateway_url, {"X-API-Key": "tml-local"}
+    adam = {"model_id": training.model_id, "seq_id": 999, "adam_params": {}}
+    refused = httpx.post(f"{url}/api/v1/optim_step", json=adam, headers=key, timeout=30)
+    assert refused.status_code == 409, refused.text
+    assert "closed" in refused.json()["detail"]
+    session_id = training.model_id.split(":")[0]
+    again = {"session_id": session_id, "model_seq_id": 9, "base_model": "tiny-llama"}
+    refused = httpx.post(f"{url}/api/v1/create_model", json=again, headers=key, timeout=30)
+    assert refused.status_code == 409, refused.text
+    assert "finished (success)" in refused.json()["detail"]
 
 
 def test_the_stock_sdk_samples_its_trained_weights_through_the_inference_service(

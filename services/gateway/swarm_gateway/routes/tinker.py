@@ -15,13 +15,13 @@ import re
 import secrets
 import time
 import uuid
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Request, status
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from swarm_contracts.jobs import LoraSpec, ModelRef, TrainingSpec
+from swarm_contracts.jobs import LoraSpec, ModelRef, TrainingSpec, utcnow
 from swarm_contracts.layout import output_prefix
 from swarm_contracts.registry import GetModel, Lineage, ListModels, ModelVersion, RegisterAdapter
 from swarm_contracts.registry_api import GET_MODEL, LIST_MODELS, REGISTER_ADAPTER
@@ -182,6 +182,48 @@ class HeartbeatBody(Lenient):
 async def session_heartbeat(body: HeartbeatBody, t: T, tenant: Tenant) -> dict[str, str]:
     await session_of(t, tenant, body.session_id)
     return {"type": "session_heartbeat"}
+
+
+class FinishReason(Lenient):
+    type: Literal["success", "errored", "interrupted"]
+
+
+class FinishBody(Lenient):
+    reason: FinishReason
+    detail: str | None = Field(default=None, max_length=4096)
+
+
+@router.post("/sessions/{session_id}/finish")
+async def finish_session(session_id: str, body: FinishBody, t: T, tenant: Tenant) -> None:
+    """``ServiceClient.close``: the session ends (the first reason stays), its models are
+    closed and freed on their workers; later calls on them are a 409."""
+    record = await session_of(t, tenant, session_id, finished_too=True)
+    if record.finished is None:
+
+        def finish(r: SessionRecord) -> SessionRecord:
+            r.finished = r.finished or body.reason.type
+            r.finished_at = r.finished_at or utcnow()
+            return r
+
+        await t.sessions.modify(session_id, finish)
+    for token in await t.models.keys():
+        if token.startswith(f"{session_id}-train-"):
+            await _close_model(t, token)
+
+
+async def _close_model(t: Tables, token: str) -> None:
+    def close(r: ModelRecord) -> ModelRecord | None:
+        if r.state == "closed":
+            return None
+        r.state = "closed"
+        return r
+
+    written = await t.models.modify(token, close)
+    if written is None:
+        return
+    record = written[0]
+    call = SessionCall(session=token, tenant=record.tenant, seq_id=0, op="close")
+    await _send(t, record, call)
 
 
 # --- models ----------------------------------------------------------------------------------
@@ -623,10 +665,18 @@ def parse_path(path: str) -> tuple[str, str, str]:
     return parts[0], parts[1], parts[2]
 
 
-async def session_of(t: Tables, tenant: str, session_id: str) -> SessionRecord:
+async def session_of(
+    t: Tables, tenant: str, session_id: str, *, finished_too: bool = False
+) -> SessionRecord:
+    """The caller's session; a finished one is a 409 (but for ``finished_too``)."""
     found = await t.sessions.get(session_id) if _SESSION_ID.fullmatch(session_id) else None
     if found is None or found[0].tenant != tenant:
         raise HTTPException(status.HTTP_404_NOT_FOUND, detail="session_id: no such session")
+    if found[0].finished is not None and not finished_too:
+        raise HTTPException(
+            status.HTTP_409_CONFLICT,
+            detail=f"session_id: the session is finished ({found[0].finished})",
+        )
     return found[0]
 
 

@@ -24,6 +24,10 @@ class SessionRecord(BaseModel):
     tenant: str
     tags: list[str] = Field(default_factory=list)
     created_at: datetime = Field(default_factory=utcnow)
+    finished: str | None = Field(
+        default=None, description="why the client finished it (success, errored, interrupted)"
+    )
+    finished_at: datetime | None = None
 
 
 class SavedState(BaseModel):
