@@ -136,6 +136,16 @@ async def test_kv_bucket_returns_existing(js: JetStreamContext, namespace: str) 
     assert (await again.get("w1")).value == b"x"
 
 
+async def test_tinker_futures_expire_after_a_day(js: JetStreamContext, namespace: str) -> None:
+    s = Subjects(namespace)
+    await kv_bucket(js, s, "tinker_futures")
+    info = await js.stream_info(f"KV_{s.bucket('tinker_futures')}")
+    assert info.config.max_age == 24 * 3600
+    await kv_bucket(js, s, "tinker_models")  # state, not a result: kept
+    kept = await js.stream_info(f"KV_{s.bucket('tinker_models')}")
+    assert not kept.config.max_age
+
+
 async def test_the_consumer_filters_docs_events_md_gives_work(
     js: JetStreamContext, namespace: str
 ) -> None:

@@ -41,6 +41,9 @@ BUCKETS = (
 # API subject, so a NATS user can be allowed single records by key and nothing else (a
 # provider's agent reads the records of its own jobs: swarm_contracts.providers).
 DIRECT_BUCKETS = frozenset({"jobs"})
+# Buckets whose entries expire: a Tinker call's future is fetched within minutes of the call
+# (a reconnecting client too); kept a day, then gone rather than kept for ever.
+BUCKET_TTL_S = {"tinker_futures": 24 * 3600.0}
 
 MAX_MSG_SIZE = 8 * 1024 * 1024
 
@@ -125,5 +128,6 @@ async def kv_bucket(js: JetStreamContext, s: Subjects, name: str, replicas: int 
                 replicas=replicas,
                 max_value_size=MAX_MSG_SIZE,
                 direct=name in DIRECT_BUCKETS,
+                ttl=BUCKET_TTL_S.get(name),
             )
         )
