@@ -102,3 +102,35 @@ def test_a_preference_pair_counts_its_prompt_and_longer_answer() -> None:
         "non_preferred_output": [{"role": "assistant", "content": "short"}],
     }
     assert example_text(openai) == "user: Q?\nassistant: a long answer"
+
+
+def test_a_big_dataset_is_measured_in_one_pass_on_a_sample_with_its_error_stated(
+    tmp_path: Path,
+) -> None:
+    from swarm_gateway.dataset_stats import measure, over_seq_len, percentiles, stated_error
+
+    # 50,000 examples of 1..1000 characters, evenly: the true p50 is 500, p90 900.
+    path = tmp_path / "big.jsonl"
+    path.write_text(
+        "".join(json.dumps({"text": "x" * (1 + i % 1000)}) + "\n" for i in range(50_000))
+    )
+    sampled = measure(path, None, sample=4_000, seed=1)
+    assert sampled.sampled
+    assert sampled.examples == 50_000
+    assert (sampled.chars_mean, sampled.chars_max) == (500.5, 1000)  # exact, not sampled
+    assert len(sampled.chars) == 4_000
+    error = stated_error(50_000, 4_000)
+    assert "±1.5 points" in error  # 1.96 * 0.5 / sqrt(4000)
+    assert "±775" in error
+    # The sample's percentiles are where the error says: p50 within 1.5 % of ranks.
+    chars = percentiles(sampled.chars)
+    assert 485 <= chars.p50 <= 515
+    assert 885 <= chars.p90 <= 915
+    # Counts scaled to the whole: examples over 128 tokens (chars / 4 > 128: 488 of 1000).
+    assert abs(over_seq_len(sampled.tokens, sampled.examples)["128"] - 24_400) <= 775
+    assert measure(path, None, sample=4_000, seed=1) == sampled  # seeded: the same answer
+
+    whole = measure(path, None, sample=100_000)
+    assert not whole.sampled
+    assert len(whole.chars) == 50_000
+    assert over_seq_len(whole.tokens, whole.examples)["128"] == 24_400

@@ -57,6 +57,8 @@ def datasets_stats(
         ["unit", *PERCENTILES],
         [(unit, *(p[k] for k in PERCENTILES)) for unit, p in rows],
     )
+    if stats.get("error"):
+        out.console.print(f"[dim]{stats['error']}[/]")
 
 
 @group.command("upload")

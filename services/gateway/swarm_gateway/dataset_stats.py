@@ -1,5 +1,10 @@
 """Length statistics of a stored dataset: characters always, tokens once a model is chosen.
 
+Computed in one streaming pass over the file, in constant memory: counts, mean and maximum of
+the characters are exact; the percentiles and token counts come from every example up to
+``SAMPLE`` examples, and beyond that from a uniform sample of ``SAMPLE`` (a reservoir, seeded:
+the same file gives the same answer), with the error stated in the answer.
+
 Token counts come from the model's own ``tokenizer.json`` loaded with the ``tokenizers``
 package (Rust, no torch), so the gateway stays light. Without a ``tokenizer.json`` the counts
 are an approximation (characters / 4) and the answer says so. Chat examples are measured as
@@ -11,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -19,6 +25,10 @@ from pydantic import BaseModel, Field
 
 CHARS_PER_TOKEN = 4.0
 _BATCH = 512
+# Examples measured exactly; a bigger dataset is measured on a uniform sample this big.
+SAMPLE = 20_000
+# Two-sided 95 % normal quantile, for the stated error of sampled answers.
+Z95 = 1.96
 
 
 class Percentiles(BaseModel):
@@ -45,6 +55,12 @@ class DatasetStats(BaseModel):
         default_factory=dict,
         description="examples longer than common seq_len values, in tokens",
     )
+    sampled: int | None = Field(
+        default=None,
+        description="examples measured for the percentiles and token counts when the dataset "
+        "has more than can be measured whole; None: all of them",
+    )
+    error: str | None = Field(default=None, description="how far a sampled answer may be off")
 
 
 def percentiles(values: Sequence[float]) -> Percentiles:
@@ -100,28 +116,66 @@ def iter_texts(path: Path) -> Iterator[str]:
                 yield example_text(json.loads(line))
 
 
-def token_lengths(path: Path, tokenizer: Any | None) -> tuple[list[int], list[int]]:
-    """(chars, tokens) per example; tokens approximate when ``tokenizer`` is None."""
-    chars: list[int] = []
-    tokens: list[int] = []
-    batch: list[str] = []
+class Measured(BaseModel):
+    """One pass over a dataset: exact totals, and the lengths of every example or a sample."""
 
-    def flush() -> None:
-        if tokenizer is not None and batch:
-            tokens.extend(len(e.ids) for e in tokenizer.encode_batch(batch))
-        batch.clear()
+    examples: int
+    chars_mean: float
+    chars_max: int
+    chars: list[int]
+    tokens: list[int]
+    sampled: bool
 
+
+def measure(path: Path, tokenizer: Any | None, sample: int = SAMPLE, seed: int = 0) -> Measured:
+    """Stream ``path`` once (reservoir sampling beyond ``sample`` examples); token lengths of
+    the measured examples, approximate (chars / 4) when ``tokenizer`` is None."""
+    rng = random.Random(seed)
+    kept: list[str] = []
+    n = total = longest = 0
     for text in iter_texts(path):
-        chars.append(len(text))
-        if tokenizer is None:
-            tokens.append(math.ceil(len(text) / CHARS_PER_TOKEN))
+        n += 1
+        total += len(text)
+        longest = max(longest, len(text))
+        if len(kept) < sample:
+            kept.append(text)
         else:
-            batch.append(text)
-            if len(batch) >= _BATCH:
-                flush()
-    flush()
-    return chars, tokens
+            slot = rng.randrange(n)
+            if slot < sample:
+                kept[slot] = text
+    chars = [len(t) for t in kept]
+    if tokenizer is None:
+        tokens = [math.ceil(c / CHARS_PER_TOKEN) for c in chars]
+    else:
+        tokens = []
+        for i in range(0, len(kept), _BATCH):
+            tokens.extend(len(e.ids) for e in tokenizer.encode_batch(kept[i : i + _BATCH]))
+    return Measured(
+        examples=n,
+        chars_mean=round(total / n, 2) if n else 0.0,
+        chars_max=longest,
+        chars=chars,
+        tokens=tokens,
+        sampled=n > len(kept),
+    )
 
 
-def over_seq_len(tokens: Sequence[int]) -> dict[str, int]:
-    return {str(n): sum(1 for t in tokens if t > n) for n in (128, 256, 512, 1024, 2048, 4096)}
+def stated_error(examples: int, sampled: int) -> str:
+    """The 95 % bound of a uniform sample's answers: a percentile's rank, a count's value."""
+    rank = Z95 * 0.5 / math.sqrt(sampled)  # widest at the median
+    count = math.ceil(rank * examples)
+    return (
+        f"measured on a uniform sample of {sampled:,} of {examples:,} examples: each "
+        f"percentile is the value at a rank within ±{100 * rank:.1f} points of the one named, "
+        f"each over_seq_len count within ±{count:,}, at 95 % confidence (the tokens' max is "
+        "the sample's); examples, bytes and the mean and max of chars are exact"
+    )
+
+
+def over_seq_len(tokens: Sequence[int], examples: int | None = None) -> dict[str, int]:
+    """Examples longer than common seq_lens; from a sample, scaled to ``examples``."""
+    scale = (examples / len(tokens)) if examples and tokens else 1.0
+    return {
+        str(n): round(scale * sum(1 for t in tokens if t > n))
+        for n in (128, 256, 512, 1024, 2048, 4096)
+    }

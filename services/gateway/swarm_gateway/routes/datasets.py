@@ -30,9 +30,10 @@ from swarm_contracts.registry_api import GET_MODEL
 from swarm_gateway.auth import Tenant
 from swarm_gateway.dataset_stats import (
     DatasetStats,
+    measure,
     over_seq_len,
     percentiles,
-    token_lengths,
+    stated_error,
 )
 from swarm_gateway.dataset_upload import store_dataset
 from swarm_gateway.dataset_validation import DatasetError
@@ -168,17 +169,23 @@ async def dataset_stats(
     with tempfile.TemporaryDirectory(prefix="swarm-stats-") as tmp:
         path = Path(tmp) / "data.jsonl"
         await asyncio.to_thread(fetch_jsonl, gw.store, info.store_key, path)
-        chars, tokens = await asyncio.to_thread(token_lengths, path, tokenizer)
+        measured = await asyncio.to_thread(measure, path, tokenizer)
+    chars = percentiles(measured.chars)
+    # Exact whatever was sampled: a sample's mean and max would only estimate them.
+    chars.mean, chars.max = measured.chars_mean, float(measured.chars_max)
     stats = DatasetStats(
         dataset=info.id,
         format=info.format,
         examples=info.examples,
         bytes=info.bytes,
-        chars=percentiles(chars),
+        chars=chars,
     )
+    if measured.sampled:
+        stats.sampled = len(measured.chars)
+        stats.error = stated_error(measured.examples, len(measured.chars))
     if version is not None:
         stats.model = f"{version.name}@{version.version}"
-        stats.tokens = percentiles(tokens)
+        stats.tokens = percentiles(measured.tokens)
         stats.token_method = "tokenizer.json" if tokenizer else "approximate (chars/4)"
-        stats.over_seq_len = over_seq_len(tokens)
+        stats.over_seq_len = over_seq_len(measured.tokens, measured.examples)
     return stats
