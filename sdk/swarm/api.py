@@ -13,7 +13,7 @@ import httpx
 from pydantic import BaseModel
 
 from swarm.errors import ValidationError
-from swarm_contracts.datasets import DatasetInfo
+from swarm_contracts.datasets import DatasetInfo, DatasetUpload
 from swarm_contracts.inference import InferenceHeartbeat
 from swarm_contracts.jobs import JobRecord, JobSpec
 from swarm_contracts.memory import MemoryEstimate
@@ -197,6 +197,16 @@ def dataset_stats(dataset_id: str, model: str | None) -> Call[dict[str, Any]]:
 
 
 UPLOAD_DATASET = Call("POST", "/v1/datasets", _one(DatasetInfo), timeout=300.0)
+# Answered once the file is received (202); the check goes on at the gateway.
+START_DATASET_UPLOAD = Call(
+    "POST", "/v1/datasets", _one(DatasetUpload), params={"background": "true"}, timeout=300.0
+)
+
+
+def dataset_upload(upload_id: str) -> Call[DatasetUpload]:
+    return Call("GET", f"/v1/datasets/uploads/{upload_id}", _one(DatasetUpload))
+
+
 ADD_MODEL = Call("POST", "/v1/models", _one(ModelVersion), timeout=600.0)
 
 

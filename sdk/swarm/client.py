@@ -45,7 +45,7 @@ from swarm.errors import (
     unreachable,
 )
 from swarm.sse import JobStreamEvent, Resume, SSEDecoder
-from swarm_contracts.datasets import DatasetInfo
+from swarm_contracts.datasets import DatasetInfo, DatasetUpload
 from swarm_contracts.inference import InferenceHeartbeat
 from swarm_contracts.jobs import JobRecord, JobSpec
 from swarm_contracts.memory import MemoryEstimate
@@ -303,6 +303,21 @@ class Client:
                 files={"file": (path.name, f, "application/jsonl")},
                 data={"name": label},
             )
+
+    def start_dataset_upload(self, path: str | Path, name: str | None = None) -> DatasetUpload:
+        """Send the file; the gateway checks it in the background (``dataset_upload``)."""
+        path = Path(path)
+        label = api.label(name or path.name, "name")
+        with open(path, "rb") as f:
+            return self._do(
+                api.START_DATASET_UPLOAD,
+                files={"file": (path.name, f, "application/jsonl")},
+                data={"name": label},
+            )
+
+    def dataset_upload(self, upload_id: str) -> DatasetUpload:
+        """A background upload's progress, then its dataset (``state`` ready) or bad lines."""
+        return self._do(api.dataset_upload(upload_id))
 
     def list_datasets(self) -> list[DatasetInfo]:
         return self._do(api.list_datasets())

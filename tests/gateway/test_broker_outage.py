@@ -30,6 +30,8 @@ PARAMS = {
     "file_id": "file-0123456789abcdef01234567",
     "fine_tuning_job_id": "ftjob-0123456789abcdef0123",
     "sampler_id": "tsess-0123456789abcdef:sample:0",
+    "upload_id": "dsu-0123456789abcdef01234567",
+    "session_id": "tsess-0123456789abcdef",
 }
 # Answered without NATS by design.
 NO_NATS = {

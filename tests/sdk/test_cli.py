@@ -183,3 +183,18 @@ async def test_jobs_listing_and_follow(gateway, settings: Settings, dataset_file
     finally:
         await broker.stop()
         await nc.close()
+
+
+def test_a_background_upload_shows_its_check_until_done(  # type: ignore[no-untyped-def]
+    gateway, dataset_file: Path, tmp_path: Path
+) -> None:
+    code, out = cli(gateway.url, "datasets", "upload", str(dataset_file), "--background")
+    assert code == 0, out
+    assert "dataset ds-" in out
+    assert "3 text examples" in out
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "a"}\n{"text": "b"}\nnope\n')
+    code, out = cli(gateway.url, "datasets", "upload", str(bad), "--background")
+    assert code == 1
+    assert "not a dataset" in out
+    assert "line 3" in out

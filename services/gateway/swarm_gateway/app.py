@@ -17,7 +17,7 @@ from nats.js.errors import Error as JetStreamError
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from swarm_contracts.datasets import DatasetInfo
+from swarm_contracts.datasets import DatasetInfo, DatasetUpload
 from swarm_contracts.jobs import JobRecord
 from swarm_contracts.subjects import Subjects
 from swarm_contracts.sweeps import SweepRecord, TrialRecord
@@ -155,6 +155,9 @@ def create_app(
             jobs=jobs,
             job_list=job_list,
             datasets=RecordTable(await kv_bucket(js, subjects, "datasets"), DatasetInfo),
+            dataset_uploads=RecordTable(
+                await kv_bucket(js, subjects, "dataset_uploads"), DatasetUpload
+            ),
             workers=RecordTable(await kv_bucket(js, subjects, "workers"), WorkerInfo),
             worker_ops=RecordTable(await kv_bucket(js, subjects, "worker_ops"), WorkerOps),
             sweeps=RecordTable(await kv_bucket(js, subjects, "sweeps"), SweepRecord),
@@ -208,6 +211,8 @@ def create_app(
                 await calls.stop()
             # Samples still running: their futures read as failed at their deadline.
             await cancel_and_wait(list(app.state.tinker.tasks))
+            # Validations still running: their uploads stay "validating"; the client uploads again.
+            await cancel_and_wait(list(app.state.gateway.background))
             await inference_workers.stop()
             # Stopping while NATS is away (nats-py refuses to drain a reconnecting
             # connection) must still stop the gateway.

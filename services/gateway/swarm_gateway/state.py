@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 
 import nats.errors
@@ -13,7 +14,7 @@ from nats.js.api import PubAck
 from nats.js.errors import Error as JetStreamError
 from opentelemetry.trace import NoOpTracer, Tracer
 
-from swarm_contracts.datasets import DatasetInfo
+from swarm_contracts.datasets import DatasetInfo, DatasetUpload
 from swarm_contracts.jobs import JobRecord
 from swarm_contracts.subjects import Subjects
 from swarm_contracts.sweeps import SweepRecord, TrialRecord
@@ -71,6 +72,9 @@ class Gateway:
     # with its copy in memory for listings.
     fine_tunes: RecordTable[FineTune] | None = None
     fine_tune_list: RecordCache[FineTune] | None = None
+    # Uploads validated in the background (swarm_gateway.dataset_upload), and their tasks.
+    dataset_uploads: RecordTable[DatasetUpload] | None = None
+    background: set[asyncio.Task[None]] = field(default_factory=set)
 
     async def all_jobs(self) -> list[JobRecord]:
         return await (self.job_list or self.jobs).all()

@@ -48,3 +48,24 @@ class DatasetInfo(BaseModel):
     examples: int
     bytes: int
     created_at: datetime = Field(default_factory=utcnow)
+
+
+class DatasetUpload(BaseModel):
+    """An upload validated in the background (``POST /v1/datasets?background=true``): the
+    ``dataset_uploads`` KV bucket, key ``<tenant>.<upload_id>``, the gateway's own. Progress is
+    of the uploaded file's bytes (compressed, as sent); ``dataset`` once it is ready."""
+
+    upload_id: str
+    tenant: str
+    name: str | None = None
+    state: Literal["validating", "ready", "invalid"] = "validating"
+    bytes_total: int
+    bytes_checked: int = 0
+    lines_checked: int = 0
+    error: str | None = Field(default=None, description="invalid: why, naming the bad lines")
+    bad_lines: list[int] = Field(
+        default_factory=list, description="invalid: the first bad lines' numbers (1-based)"
+    )
+    dataset: DatasetInfo | None = None
+    created_at: datetime = Field(default_factory=utcnow)
+    updated_at: datetime = Field(default_factory=utcnow)

@@ -134,12 +134,16 @@ class _DecompressingReader(io.RawIOBase):
 
 
 @contextlib.contextmanager
-def open_jsonl(path: Path) -> Iterator[BinaryIO]:
-    """``path``'s JSONL bytes, decompressed while read if the file is gzip or zstd.
+def open_jsonl(path: Path, raw: BinaryIO | None = None) -> Iterator[BinaryIO]:
+    """``path``'s JSONL bytes, decompressed while read if the file is gzip or zstd; read
+    through ``raw`` (``path`` opened by the caller, whose position then tells how far the
+    reading got) when given.
 
     Reading raises ``CorruptDataset`` where the compressed data is damaged or cut short."""
     kind = detect(path)
-    with open(path, "rb") as raw:
+    with contextlib.ExitStack() as stack:
+        if raw is None:
+            raw = stack.enter_context(open(path, "rb"))
         if kind == "plain":
             yield raw
             return

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import tempfile
 from pathlib import Path
 from typing import Annotated, Any
@@ -20,7 +21,7 @@ from fastapi import (
 )
 from pydantic import BaseModel
 
-from swarm_contracts.datasets import DatasetInfo
+from swarm_contracts.datasets import DatasetInfo, DatasetUpload
 from swarm_contracts.jobs import MODEL_REF_PATTERN
 from swarm_contracts.layout import join_key
 from swarm_contracts.names import check_label, label_from_filename
@@ -35,7 +36,7 @@ from swarm_gateway.dataset_stats import (
     percentiles,
     stated_error,
 )
-from swarm_gateway.dataset_upload import store_dataset
+from swarm_gateway.dataset_upload import start_in_background, store_dataset
 from swarm_gateway.dataset_validation import DatasetError
 from swarm_gateway.errors import field_error
 from swarm_gateway.responses import FiniteJSONResponse
@@ -55,7 +56,13 @@ class DatasetList(BaseModel):
     "",
     status_code=status.HTTP_201_CREATED,
     response_model=DatasetInfo,
-    responses={200: {"model": DatasetInfo, "description": "the same file was uploaded before"}},
+    responses={
+        200: {"model": DatasetInfo, "description": "the same file was uploaded before"},
+        202: {
+            "model": DatasetUpload,
+            "description": "background: received, being checked (GET /v1/datasets/uploads/{id})",
+        },
+    },
 )
 async def upload_dataset(
     request: Request,
@@ -65,9 +72,18 @@ async def upload_dataset(
     name: Annotated[
         str | None, Form(description="a label; default: the file's name without its path")
     ] = None,
+    background: Annotated[
+        bool,
+        Query(description="answer once the file is received, and check it in the background"),
+    ] = False,
 ) -> FiniteJSONResponse:
     check_content_length(request, gw.settings.max_upload_bytes)
     label = _label(name, file.filename)
+    if background:
+        upload = await start_in_background(gw, tenant, file, label)
+        return FiniteJSONResponse(
+            upload.model_dump(mode="json"), status_code=status.HTTP_202_ACCEPTED
+        )
     try:
         info, new = await store_dataset(gw, tenant, file, label)
     except DatasetError as exc:
@@ -112,6 +128,17 @@ async def _own_dataset(gw: Gateway, tenant: str, dataset_id: str) -> DatasetInfo
     )
     if found is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"dataset {dataset_id} not found")
+    return found[0]
+
+
+@router.get("/uploads/{upload_id}", response_model=DatasetUpload)
+async def get_upload(upload_id: str, gw: GW, tenant: Tenant) -> DatasetUpload:
+    """A background upload: its progress, then the dataset or the bad lines."""
+    assert gw.dataset_uploads is not None
+    valid = re.fullmatch(r"dsu-[0-9a-f]{24}", upload_id) is not None
+    found = await gw.dataset_uploads.get(f"{tenant}.{upload_id}") if valid else None
+    if found is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"no upload {upload_id}")
     return found[0]
 
 
