@@ -5,6 +5,8 @@ an exact resume mid-epoch from a saved position, and a damaged dataset an error.
 
 from __future__ import annotations
 
+import os
+import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -37,6 +39,7 @@ from swarm_trainer.token_cache import (
     TokenCache,
     decode_frame,
     encode_frame,
+    evict_entries,
     tokenizer_digest,
 )
 
@@ -227,6 +230,40 @@ def test_tokenized_once_then_read_from_the_cache(setup: Setup) -> None:
     assert same([later.batch(i) for i in range(60)], reference)
     assert setup.opened == opened
     assert later.source.cache.hits > 0
+
+
+def test_a_workers_next_run_reads_its_own_copies_and_drops_a_bad_one(setup: Setup) -> None:
+    first = setup.source("worker")
+    for frame in range(first.count):
+        first.tokens(frame)
+    opened = setup.opened
+    # The same worker's next run (a retry, a sweep's next trial): its disk, not the store.
+    again = setup.source("worker")
+    for frame in range(again.count):
+        again.tokens(frame)
+    assert again.cache.local_hits == again.count
+    assert again.cache.bytes_read == 0
+    assert setup.opened == opened
+    # A damaged local copy is never trained on: read from the store again, and kept anew.
+    damaged = again.cache.local / "frame-000000.safetensors.zst"
+    damaged.write_bytes(b"not a frame")
+    third = setup.source("worker")
+    assert third.tokens(0).records == again.tokens(0).records
+    assert (third.cache.hits, third.cache.local_hits) == (1, 0)
+    assert damaged.read_bytes() != b"not a frame"
+
+
+def test_the_least_recently_used_token_entries_go_first(tmp_path: Path) -> None:
+    entries = [tmp_path / name for name in ("old", "mine", "newer")]
+    for age, entry in zip((300, 200, 100), entries, strict=True):
+        entry.mkdir()
+        (entry / "frame-000000.safetensors.zst").write_bytes(b"x" * 100)
+        os.utime(entry, (time.time() - age, time.time() - age))
+    old, mine, newer = entries
+    # 300 bytes, a limit of 150: the oldest goes, then the next, but never the caller's own.
+    assert evict_entries(tmp_path, 150, keep=old) == [mine, newer]
+    assert old.exists()
+    assert evict_entries(tmp_path, 1000, keep=old) == []
 
 
 def test_a_missing_or_foreign_frame_is_tokenized_again_never_used(setup: Setup) -> None:

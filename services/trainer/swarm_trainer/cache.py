@@ -4,6 +4,8 @@ Layout under the cache directory (``SWARM_TRAINER_CACHE_DIR``)::
 
     models/<digest>/...          one entry: a directory, filled once and never changed after
     datasets/<sha256>/...
+    tokens/<entry>/...           tokenized frames of a token-cache entry (``token_cache``),
+                                 kept to a quarter of the limit by their own LRU
     .locks/<kind>-<digest>.fill  held (exclusive) while the entry is downloaded or evicted
     .locks/<kind>-<digest>.use   held (shared) by every job using the entry, for as long as
                                  it runs; eviction takes it exclusive without waiting

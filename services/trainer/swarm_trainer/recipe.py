@@ -69,8 +69,13 @@ from swarm_trainer.stream import (
 )
 from swarm_trainer.stream_position import load_position, save_position
 from swarm_trainer.task_eval import EvalRow, eval_rows, run_evals
-from swarm_trainer.token_cache import TokenCache, tokenizer_digest
+from swarm_trainer.token_cache import TokenCache, evict_entries, tokenizer_digest
 from swarm_trainer.train_state import TrainState
+
+# The worker's tokenized frames (``token_cache``): a directory of the transfer cache's, kept to
+# a quarter of its size limit.
+TOKENS_DIR = "tokens"
+TOKENS_SHARE = 4
 
 
 def train_loop(config: dict[str, Any]) -> None:
@@ -195,12 +200,13 @@ def setup(config: LoopConfig, work: Path, held: contextlib.ExitStack) -> Recipe:
         tokenizer_digest(model_dir),
         t.seq_len,
         method.encoding,
-        work / "tokens",
+        cache.root / TOKENS_DIR,
         # A worker without store keys reads the shared cache but never writes it (see
         # ``token_cache``).
         writable=config.store.signed is None,
         sequences=method.sequences,
     )
+    evict_entries(cache.root / TOKENS_DIR, cache.max_bytes // TOKENS_SHARE, token_cache.local)
     source = FrameSource(
         token_cache,
         method,

@@ -19,13 +19,21 @@ split is the job's (its seed), the tokens are not.
 
 A worker without store keys (a provider's) reads entries but never writes them: what it
 wrote, other tenants' jobs and their verification replays would train on unchecked.
+
+A worker keeps the frames it read or made in its own directory (the transfer cache's
+``tokens/``, one subdirectory per entry), so its next run of the same entry (a retry, a
+sweep's next trial, a replay, another epoch) reads them from disk, not the store. A local
+frame is checked like a stored one (a bad one is dropped and read again); the least recently
+used entries go once the directory outgrows its share of the cache (``evict_entries``).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
+import shutil
 import struct
 import uuid
 from collections.abc import Sequence
@@ -186,8 +194,8 @@ class Layout:
 
 
 class TokenCache:
-    """One entry, seen by one run: its own local copies first (a frame read again, in a later
-    epoch, is read from disk), then the store's."""
+    """One entry, seen by one run: the worker's local copies first (a frame read before, by
+    this run or an earlier one on this worker, is read from disk), then the store's."""
 
     def __init__(
         self,
@@ -205,8 +213,10 @@ class TokenCache:
         self.writable = writable
         self.sequences = sequences  # per record: the encoding's
         self.hits = 0  # frames found in the store's entry
+        self.local_hits = 0  # frames found on this worker's disk
         self.bytes_read = 0  # from the store
         local.mkdir(parents=True, exist_ok=True)
+        os.utime(local)  # recently used: the last entry evicted
 
     @classmethod
     def of(
@@ -221,7 +231,8 @@ class TokenCache:
         sequences: int = 1,
     ) -> TokenCache:
         """The entry of ``dataset`` tokenized by the tokenizer whose digest is ``tokenizer``
-        (``tokenizer_digest``), by ``encoding``, which makes ``sequences`` of a record."""
+        (``tokenizer_digest``), by ``encoding``, which makes ``sequences`` of a record;
+        ``local``: the worker's token directory (the entry's own is a subdirectory)."""
         identity = {
             "dataset": dataset.sha256,
             "tokenizer": tokenizer,
@@ -231,7 +242,8 @@ class TokenCache:
         prefix = token_cache_prefix(
             dataset.tenant, dataset.sha256, tokenizer, seq_len, f"{encoding}-v{FORMAT_VERSION}"
         )
-        return cls(store, prefix, local, identity, writable, sequences)
+        entry = local / hashlib.sha256(prefix.encode()).hexdigest()[:32]
+        return cls(store, prefix, entry, identity, writable, sequences)
 
     def layout(self) -> Layout | None:
         try:
@@ -250,8 +262,18 @@ class TokenCache:
     def get(self, frame: int) -> FrameTokens | None:
         identity = self._identity(frame)
         path = self._local(frame)
-        if path.is_file():
-            return decode_frame(path.read_bytes(), identity, self.sequences)
+        try:
+            local = path.read_bytes()
+        except OSError:  # not there (or evicted meanwhile): the store's
+            local = None
+        if local is not None:
+            try:
+                tokens = decode_frame(local, identity, self.sequences)
+                self.local_hits += 1
+                return tokens
+            except CorruptTokens:
+                log.warning("token cache: local frame %s unusable; reading it again", path)
+                path.unlink(missing_ok=True)
         try:
             data = self.store.get_bytes(token_frame_key(self.prefix, frame))
         except NotFound:
@@ -287,8 +309,14 @@ class TokenCache:
     @staticmethod
     def _keep(path: Path, data: bytes) -> None:
         tmp = path.with_name(f".tmp-{uuid.uuid4().hex}")
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_bytes(data)
+            os.replace(tmp, path)
+        except OSError:
+            # A local copy only saves a later read; an entry evicted meanwhile is no error.
+            log.warning("token cache: could not keep %s", path, exc_info=True)
+            tmp.unlink(missing_ok=True)
 
     def _share(self, key: str, data: bytes) -> None:
         if not self.writable:
@@ -298,3 +326,25 @@ class TokenCache:
         except Exception:
             # The cache saves later runs work; failing to fill it must not fail this one.
             log.warning("token cache: could not write %s", key, exc_info=True)
+
+
+def evict_entries(root: Path, max_bytes: int, keep: Path) -> list[Path]:
+    """Remove the least recently used entry directories under ``root`` (never ``keep``, the
+    caller's) until what is left takes at most ``max_bytes``; the ones removed."""
+    if not root.is_dir():
+        return []
+    sizes: dict[Path, int] = {}
+    for entry in root.iterdir():
+        if entry.is_dir():
+            sizes[entry] = sum(f.stat().st_size for f in entry.iterdir() if f.is_file())
+    total = sum(sizes.values())
+    removed = []
+    for entry in sorted(sizes, key=lambda e: e.stat().st_mtime):
+        if total <= max_bytes:
+            break
+        if entry == keep:
+            continue
+        shutil.rmtree(entry, ignore_errors=True)  # a run reading it reads the store instead
+        total -= sizes[entry]
+        removed.append(entry)
+    return removed
