@@ -6,6 +6,7 @@
 * Heavy ML (torch, ray, peft, transformers, ...) only in the trainer and inference services.
 * The SDK imports the contracts and nothing of the services' runtime, and ``pip install``
   of it brings none of the runtime's packages (checked in a fresh virtual environment).
+* Every package imports only what its own pyproject brings (its requirements and theirs).
 * No two modules of a package import each other, directly or round a circle.
 * What a job event or state means is said once, in ``swarm_contracts.events`` and ``.jobs``:
   no list of their names anywhere else (Python or the dashboard's JS), every set derived.
@@ -14,12 +15,15 @@
 * A setting lives in the room of whoever reads it: the runtime's shared ``Settings`` holds
   what the runtime or several services read, a service's own knobs are in its
   ``swarm_<service>/settings.py``, and each is declared once.
+
+Long because: one file of the house's rules, each read from the source in a few lines.
 """
 
 from __future__ import annotations
 
 import ast
 import importlib
+import importlib.metadata
 import re
 import subprocess
 import sys
@@ -255,6 +259,72 @@ PACKAGES = [
 @pytest.mark.parametrize("package", PACKAGES, ids=lambda p: p.name)
 def test_no_import_circles_within_a_package(package: Path) -> None:
     assert not import_circles(module_imports(package)), "modules that import each other"
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def optional_imports(path: Path) -> set[str]:
+    """Top-level modules imported only inside a ``try`` that catches their absence."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if not isinstance(node, ast.Try):
+            continue
+        caught = {
+            name.id
+            for handler in node.handlers
+            for name in ast.walk(handler.type)
+            if handler.type is not None
+            if isinstance(name, ast.Name)
+        }
+        if not caught & {"ImportError", "ModuleNotFoundError", "Exception"}:
+            continue
+        for inner in (n for stmt in node.body for n in ast.walk(stmt)):
+            if isinstance(inner, ast.Import):
+                found.update(alias.name.split(".")[0] for alias in inner.names)
+            elif isinstance(inner, ast.ImportFrom) and inner.module and inner.level == 0:
+                found.add(inner.module.split(".")[0])
+    return found
+
+
+def installable(dist: str, seen: set[str] | None = None) -> set[str]:
+    """``dist`` and every distribution its requirements bring, as installed here."""
+    seen = set() if seen is None else seen
+    if dist in seen:
+        return seen
+    seen.add(dist)
+    try:
+        requires = importlib.metadata.requires(dist) or []
+    except importlib.metadata.PackageNotFoundError:
+        return seen
+    for req in requires:
+        if "extra ==" in req:
+            continue
+        match = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", req)
+        if match:
+            installable(_norm(match.group(1)), seen)
+    return seen
+
+
+@pytest.mark.parametrize("package", PACKAGES, ids=lambda p: p.name)
+def test_every_third_party_import_is_a_declared_dependency(package: Path) -> None:
+    """A package imports only what its own pyproject brings (its requirements and theirs): an
+    image built from one package's requirements must run it. (The runtime once imported
+    tenacity that only the trainer declared: every service's container failed to start.)"""
+    declared: set[str] = set()
+    for name in requirement_names(package.parent / "pyproject.toml"):
+        declared |= installable(name)
+    providers = importlib.metadata.packages_distributions()
+    missing = {}
+    for path, mods in imported_modules(package).items():
+        for mod in mods - set(sys.stdlib_module_names) - optional_imports(ROOT / path):
+            if mod.startswith("swarm") or mod == "__future__":
+                continue
+            dists = {_norm(d) for d in providers.get(mod, [_norm(mod)])}
+            if not dists & declared:
+                missing.setdefault(mod, []).append(path)
+    assert not missing, f"imported but not declared in {package.parent}/pyproject.toml: {missing}"
 
 
 def test_an_import_circle_is_found() -> None:
