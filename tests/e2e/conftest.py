@@ -125,15 +125,17 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Itera
 
 @contextlib.contextmanager
 def inference_worker(
-    stack: Stack, worker_id: str, models: str
+    stack: Stack, worker_id: str, models: str, **settings: str
 ) -> Iterator[subprocess.Popen[bytes]]:
     """Another inference worker of the stack, holding ``models`` (comma-separated), as its own
-    process (so that a test can kill it); yielded once it holds them."""
+    process (so that a test can kill it); yielded once it holds them. ``settings``: more of
+    its environment."""
     env = stack.local.env() | {
         "SWARM_INFERENCE_WORKER_ID": worker_id,
         "SWARM_INFERENCE_MODELS": models,
         "SWARM_WORK_DIR": str(stack.local.root / f"work-{worker_id}"),
         "SWARM_HEARTBEAT_INTERVAL_S": "0.5",
+        **settings,
     }
     log = open(stack.local.logs_dir / f"inference-{worker_id}.log", "ab")  # noqa: SIM115
     proc = subprocess.Popen(

@@ -196,7 +196,14 @@ def rl_base(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     weights["lm_head.weight"] = weights["lm_head.weight"] * 10
     save_file(weights, out / "model.safetensors", metadata={"format": "pt"})
     stack.client.add_model("tiny-rl", out)
-    with inference_worker(stack, "e2e-rl", "tiny-rl"):
+    # Room for 4 rows and 2 waiting: the loop's groups of 16 and 32 samples queue for it.
+    with inference_worker(
+        stack,
+        "e2e-rl",
+        "tiny-rl",
+        SWARM_INFERENCE_MAX_BATCH_SIZE="4",
+        SWARM_INFERENCE_MAX_QUEUE="2",
+    ):
         yield "tiny-rl"
 
 
@@ -204,7 +211,8 @@ def test_an_rl_loop_on_sampled_completions_raises_the_mean_reward(
     stack: Stack, rl_base: str
 ) -> None:
     """The loop an RL researcher writes: sample from the current weights, score, and train with
-    importance_sampling on the sampler's own log-probabilities."""
+    importance_sampling on the sampler's own log-probabilities. The samples are more than the
+    inference worker takes at once: they wait their turn rather than fail."""
     _wait_for_the_trainer(stack)
     service = tinker.ServiceClient(base_url=stack.local.gateway_url, api_key="tml-local")
     training = service.create_lora_training_client(base_model=rl_base, rank=8, seed=2).result(

@@ -16,6 +16,7 @@ import time
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, StrictInt
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_exponential
 
 from swarm_contracts.inference import MAX_STOP_STRINGS, GenerateRequest
 from swarm_gateway.inference import generate
@@ -30,6 +31,9 @@ from swarm_gateway.tinker.records import (
 from swarm_runtime.records import RecordTable
 
 log = logging.getLogger(__name__)
+
+# How long a sample waits for room on a full inference worker: a call's own deadline.
+QUEUE_S = 600.0
 
 
 class SamplingError(ValueError):
@@ -96,15 +100,31 @@ def generate_requests(
     ]
 
 
+def _full(exc: BaseException) -> bool:
+    return isinstance(exc, OpenAIError) and exc.code == "overloaded"
+
+
 async def sample_one(gw: Gateway, request: GenerateRequest) -> SampledSequence:
-    async for chunk in generate(gw, request):
-        if chunk.kind == "done":
-            return SampledSequence(
-                tokens=chunk.tokens or [],
-                logprobs=chunk.logprobs,
-                stop_reason=chunk.finish_reason or "stop",
-            )
-    raise OpenAIError(502, "the inference worker ended without an answer")
+    """One sample; while every worker of the base model is full, it waits its turn (for up
+    to a call's deadline) rather than failing: a burst of samples queues."""
+    async for attempt in AsyncRetrying(
+        retry=retry_if_exception(_full),
+        wait=wait_exponential(multiplier=0.1, max=2.0),
+        stop=stop_after_delay(QUEUE_S),
+        reraise=True,
+    ):
+        with attempt:
+            tries = attempt.retry_state.attempt_number
+            this = request.model_copy(update={"request_id": f"{request.request_id}-q{tries}"})
+            async for chunk in generate(gw, this):
+                if chunk.kind == "done":
+                    return SampledSequence(
+                        tokens=chunk.tokens or [],
+                        logprobs=chunk.logprobs,
+                        stop_reason=chunk.finish_reason or "stop",
+                    )
+            raise OpenAIError(502, "the inference worker ended without an answer")
+    raise AssertionError("unreachable: the retries return or raise")
 
 
 async def run(
