@@ -151,6 +151,13 @@ def test_the_stock_sdk_samples_its_trained_weights_through_the_inference_service
     from_base = base.sample(prompt, num_samples=1, sampling_params=greedy).result(timeout=120)
     assert from_base.sequences[0].logprobs != pytest.approx(expected, abs=1e-3)
 
+    # The prompt's own log-probabilities: what the trainer's forward says of it.
+    scored = sampler.compute_logprobs(prompt).result(timeout=120)
+    assert scored[0] is None
+    prompt_forward = training.forward([datum(TOKENS[:6])], "cross_entropy").result(timeout=60)
+    expected_prompt = prompt_forward.loss_fn_outputs[0]["logprobs"].tolist()
+    assert scored[1:] == pytest.approx(expected_prompt, abs=1e-3)
+
     # Seeded samples: several draws, each reproducible.
     seeded = types.SamplingParams(max_tokens=6, temperature=1.0, seed=5, stop=[])
     first = sampler.sample(prompt, num_samples=3, sampling_params=seeded).result(timeout=120)
@@ -168,8 +175,8 @@ def test_the_stock_sdk_samples_its_trained_weights_through_the_inference_service
     assert stack.client.get_adapter(adapter).lineage.dataset == f"tinker:{training.model_id}"
 
     # Bad input: a clear error naming the field.
-    with pytest.raises(tinker.BadRequestError, match="prompt_logprobs"):
-        sampler.compute_logprobs(prompt).result(timeout=60)
+    with pytest.raises(tinker.BadRequestError, match="topk_prompt_logprobs"):
+        sampler.sample(prompt, 1, greedy, topk_prompt_logprobs=2).result(timeout=60)
     with pytest.raises(tinker.BadRequestError, match="temperature"):
         sampler.sample(
             prompt, num_samples=1, sampling_params=types.SamplingParams(temperature=9.0)

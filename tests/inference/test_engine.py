@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import shutil
 from pathlib import Path
 from typing import Any
@@ -169,6 +170,19 @@ async def test_token_level_requests_get_their_tokens_logprobs_and_stop_tokens(
     )
     assert endless.completion_tokens == 20
     assert endless.finish_reason == "length"
+
+    # Prompt log-probabilities, from a prefill shared by prompts of other lengths (padded).
+    short, long = engine.encode(PROMPTS[2]), engine.encode(PROMPTS[1])
+    asked = SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=True)
+    scored = await asyncio.gather(*(engine.complete(p, asked) for p in (short, long)))
+    for prompt, piece in zip((short, long), scored, strict=True):
+        assert piece.prompt_logprobs is not None
+        assert len(piece.prompt_logprobs) == len(prompt)
+        assert math.isnan(piece.prompt_logprobs[0])  # nothing before the first token
+        with torch.no_grad():
+            every = model(torch.tensor([prompt])).logits[0].float().log_softmax(-1)
+        expected = every[:-1].gather(1, torch.tensor(prompt[1:])[:, None])[:, 0]
+        assert torch.allclose(torch.tensor(piece.prompt_logprobs[1:]), expected, atol=1e-4)
 
 
 async def test_seeded_sampling_is_reproducible_in_any_batch(engine: Engine, sources: dict) -> None:

@@ -97,6 +97,9 @@ class Piece:
     # On the last piece: every generated token id, and their log-probabilities when asked.
     tokens: tuple[int, ...] = ()
     logprobs: tuple[float, ...] | None = None
+    # When asked: each prompt token's log-probability after the ones before it (the first
+    # token has none: NaN).
+    prompt_logprobs: tuple[float, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -131,6 +134,7 @@ class _Sequence:
     next_token: int = -1
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    prompt_logprobs: list[float] | None = None
     aborted: bool = False
     done: bool = False
     arrived: float = field(default_factory=time.monotonic)
@@ -350,7 +354,10 @@ class Engine:
         positions: torch.Tensor,
         cache: DynamicCache,
         slots: list[int],
+        every_position: bool = False,
     ) -> torch.Tensor:
+        """The next token's logits of each row ([rows, vocab]); ``every_position``: of every
+        position ([rows, positions, vocab])."""
         self.lora.set_rows(slots, self.device)
         if len(set(slots)) > 1:
             self.mixed_forwards += 1
@@ -361,11 +368,11 @@ class Engine:
                 position_ids=positions,
                 past_key_values=cache,
                 use_cache=True,
-                logits_to_keep=1,
+                logits_to_keep=0 if every_position else 1,
             )
         finally:
             self.lora.rows.index = None
-        return output.logits[:, -1, :]
+        return output.logits if every_position else output.logits[:, -1, :]
 
     def _prefill(
         self, admitted: list[_Sequence], out: list[tuple[_Sequence, Piece | BaseException]]
@@ -376,7 +383,13 @@ class Engine:
         # Rows first: if the forward fails, _fail_all answers these requests too.
         self._rows.extend(admitted)
         cache = DynamicCache(config=self.model.config)
-        logits = self._forward(ids, mask, positions, cache, [s.slot for s in admitted])
+        slots = [s.slot for s in admitted]
+        if any(s.params.prompt_logprobs for s in admitted):
+            every = self._forward(ids, mask, positions, cache, slots, every_position=True)
+            _score_prompts(admitted, every)
+            logits = every[:, -1, :]
+        else:
+            logits = self._forward(ids, mask, positions, cache, slots)
         batch = KvBatch.from_prefill(cache, mask)
         if self._kv is None:
             self._kv = batch
@@ -439,6 +452,9 @@ class Engine:
                     finish_reason=finish,
                     tokens=tuple(seq.tokens),
                     logprobs=tuple(seq.logprobs) if seq.params.logprobs else None,
+                    prompt_logprobs=(
+                        tuple(seq.prompt_logprobs) if seq.prompt_logprobs is not None else None
+                    ),
                 )
                 out.append((seq, piece))
             elif text:
@@ -496,6 +512,21 @@ class Engine:
                 self.adapters.release(seq.adapter.key)
         self._rows, self._queue, self._kv = [], deque(), None
         self._send([(seq, error) for seq in victims if not seq.done])
+
+
+def _score_prompts(rows: list[_Sequence], logits: torch.Tensor) -> None:
+    """Each asking row's prompt tokens' log-probabilities from a left-padded prefill's logits
+    at every position (the logits at position ``p`` predict the token at ``p + 1``)."""
+    width = logits.shape[1]
+    for i, seq in enumerate(rows):
+        if not seq.params.prompt_logprobs:
+            continue
+        n = len(seq.prompt_ids)
+        start = width - n  # the row's first prompt token, after its padding
+        predicted = logits[i, start : width - 1].float().log_softmax(-1)
+        targets = torch.tensor(seq.prompt_ids[1:], device=logits.device)[:, None]
+        scores = predicted.gather(1, targets)[:, 0].tolist()
+        seq.prompt_logprobs = [float("nan"), *scores]
 
 
 def _deliver(items: list[tuple[_Sequence, Piece | BaseException]]) -> None:

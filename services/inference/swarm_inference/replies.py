@@ -69,6 +69,7 @@ class Replier:
         *,
         tokens: list[int] | None = None,
         logprobs: list[float] | None = None,
+        prompt_logprobs: list[float | None] | None = None,
     ) -> None:
         """The end: a ``done`` chunk, or the one result; either carries ``tokens`` and
         ``logprobs`` when given (a token-level request's)."""
@@ -81,6 +82,7 @@ class Replier:
                 model=self.model,
                 tokens=tokens,
                 logprobs=logprobs,
+                prompt_logprobs=prompt_logprobs,
             )
             await self._chunk(done)
             return
@@ -91,6 +93,7 @@ class Replier:
             text="".join(self._parts),
             tokens=tokens,
             logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
             finish_reason=finish_reason,
             usage=usage,
         )

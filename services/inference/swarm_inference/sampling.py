@@ -29,6 +29,8 @@ class SamplingParams:
     # those); () ends it only at max_tokens.
     stop_tokens: tuple[int, ...] | None = None
     logprobs: bool = False
+    # Each prompt token's log-probability too (a prefill that keeps every position's logits).
+    prompt_logprobs: bool = False
     # Generate max_tokens whatever the model says (benchmarks: equal work on every side).
     ignore_eos: bool = False
 

@@ -137,6 +137,7 @@ class VllmEngine:
             stop_token_ids=list(params.stop_tokens or ()) or None,
             ignore_eos=replace_eos,
             logprobs=0 if params.logprobs else None,  # 0: the sampled token's own
+            prompt_logprobs=0 if params.prompt_logprobs else None,
         )
         request_id = uuid.uuid4().hex
         lora = self._lora(adapter) if adapter is not None else None
@@ -159,8 +160,14 @@ class VllmEngine:
                             float(step[token].logprob)
                             for step, token in zip(completion.logprobs, tokens, strict=True)
                         )
+                    prompt = None
+                    if params.prompt_logprobs and output.prompt_logprobs is not None:
+                        prompt = tuple(
+                            float("nan") if step is None else float(step[token].logprob)
+                            for step, token in zip(output.prompt_logprobs, prompt_ids, strict=True)
+                        )
                     yield Piece(
-                        text[shown:], len(tokens), len(prompt_ids), finish, tokens, logprobs
+                        text[shown:], len(tokens), len(prompt_ids), finish, tokens, logprobs, prompt
                     )
                 elif len(text) > shown:
                     yield Piece(text[shown:], len(completion.token_ids), len(prompt_ids))

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import re
 import socket
 import time
@@ -387,6 +388,7 @@ class InferenceWorker:
             top_k=request.top_k,
             stop_tokens=None if request.stop_tokens is None else tuple(request.stop_tokens),
             logprobs=request.logprobs,
+            prompt_logprobs=request.prompt_logprobs,
         )
         return prompt_ids, params
 
@@ -423,6 +425,7 @@ class InferenceWorker:
             usage,
             tokens=list(last.tokens) if token_level else None,
             logprobs=None if last.logprobs is None else list(last.logprobs),
+            prompt_logprobs=_json_floats(last.prompt_logprobs),
         )
         self.metrics.tokens.inc(last.completion_tokens)
 
@@ -526,6 +529,13 @@ class InferenceWorker:
             except Exception:  # a NATS hiccup must not end the heartbeats for good
                 log.exception("heartbeat failed")
             await asyncio.sleep(self.settings.heartbeat_interval_s)
+
+
+def _json_floats(values: tuple[float, ...] | None) -> list[float | None] | None:
+    """NaN (a value there is none of) as null: JSON has no NaN."""
+    if values is None:
+        return None
+    return [None if math.isnan(v) else v for v in values]
 
 
 def _checked_tokens(tokens: list[int], vocab_size: int) -> list[int]:

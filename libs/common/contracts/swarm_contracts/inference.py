@@ -69,6 +69,10 @@ class GenerateRequest(BaseModel):
         default=False,
         description="answer each generated token's log-probability (done chunk or result)",
     )
+    prompt_logprobs: bool = Field(
+        default=False,
+        description="answer each prompt token's log-probability given the ones before it",
+    )
     response_format: ResponseFormat = Field(
         default="text",
         description="json_object: the text is a JSON object; json_schema: one that json_schema "
@@ -120,6 +124,9 @@ class GenerateChunk(BaseModel):
     logprobs: list[float] | None = Field(
         default=None, description="done: each generated token's log-probability (with logprobs)"
     )
+    prompt_logprobs: list[float | None] | None = Field(
+        default=None, description="done: each prompt token's (the first's is null)"
+    )
     error: InferenceError | None = None
 
 
@@ -135,6 +142,9 @@ class GenerateResult(BaseModel):
     )
     logprobs: list[float] | None = Field(
         default=None, description="each generated token's log-probability (with logprobs)"
+    )
+    prompt_logprobs: list[float | None] | None = Field(
+        default=None, description="each prompt token's (the first's is null)"
     )
     finish_reason: FinishReason | None = None
     usage: Usage | None = None

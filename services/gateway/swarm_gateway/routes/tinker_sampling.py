@@ -117,7 +117,12 @@ async def asample(body: SampleBody, gw: GW, t: T, tenant: Tenant) -> dict[str, A
     request_id = uuid.uuid4().hex
     try:
         requests = sampling.generate_requests(
-            request_id, sampler, prompt, body.num_samples, body.sampling_params
+            request_id,
+            sampler,
+            prompt,
+            body.num_samples,
+            body.sampling_params,
+            prompt_logprobs=bool(body.prompt_logprobs),
         )
     except (sampling.SamplingError, ValidationError) as exc:
         raise HTTPException(status.HTTP_400_BAD_REQUEST, detail=_why(exc)) from exc
@@ -151,10 +156,10 @@ def _start(t: Tables, request_id: str, requests: list[GenerateRequest], gw: Gate
 
 
 def _refuse_unserved(body: SampleBody) -> None:
-    """Prompt log-probabilities and top-k log-probabilities are not served: a 400 naming the
-    field, rather than an answer without what was asked."""
+    """Top-k log-probabilities and the like are not served: a 400 naming the field, rather
+    than an answer without what was asked."""
     unserved = {
-        "prompt_logprobs": bool(body.prompt_logprobs),
+        "prompt_logprobs_last_n": body.prompt_logprobs_last_n is not None,
         "topk_prompt_logprobs": body.topk_prompt_logprobs > 0,
         "topk_sample_logprobs": body.topk_sample_logprobs > 0,
         "target_prompt_logprobs": body.target_prompt_logprobs is not None,

@@ -104,10 +104,14 @@ class SampledSequence(BaseModel):
     tokens: list[int]
     logprobs: list[float] | None = None
     stop_reason: Literal["stop", "length"]
+    prompt_logprobs: list[float | None] | None = None  # on its way to the outcome only
 
 
 class SampleOutcome(BaseModel):
     sequences: list[SampledSequence]
+    prompt_logprobs: list[float | None] | None = Field(
+        default=None, description="each prompt token's (the first's is None), when asked"
+    )
 
 
 class FutureRecord(BaseModel):

@@ -75,9 +75,11 @@ def generate_requests(
     prompt: list[int],
     num_samples: int,
     params: SamplingParams,
+    prompt_logprobs: bool = False,
 ) -> list[GenerateRequest]:
     """One token-level request per sample; with a seed, sample ``i`` draws with ``seed + i``
-    (the same seed for all would give ``num_samples`` copies of one sequence)."""
+    (the same seed for all would give ``num_samples`` copies of one sequence). The prompt's
+    log-probabilities, when asked, come with the first sample (the prompt is the same)."""
     strings, tokens = stops(params.stop)
     return [
         GenerateRequest(
@@ -95,6 +97,7 @@ def generate_requests(
             stop=strings,
             stop_tokens=tokens,
             logprobs=True,
+            prompt_logprobs=prompt_logprobs and i == 0,
         )
         for i in range(num_samples)
     ]
@@ -122,6 +125,7 @@ async def sample_one(gw: Gateway, request: GenerateRequest) -> SampledSequence:
                         tokens=chunk.tokens or [],
                         logprobs=chunk.logprobs,
                         stop_reason=chunk.finish_reason or "stop",
+                        prompt_logprobs=chunk.prompt_logprobs,
                     )
             raise OpenAIError(502, "the inference worker ended without an answer")
     raise AssertionError("unreachable: the retries return or raise")
@@ -140,7 +144,10 @@ async def run(
     category: Literal["user", "server"] = "server"
     try:
         sequences = await asyncio.gather(*(sample_one(gw, r) for r in requests))
-        outcome = SampleOutcome(sequences=list(sequences))
+        prompt = sequences[0].prompt_logprobs if sequences else None
+        for sequence in sequences:
+            sequence.prompt_logprobs = None  # the outcome's, once
+        outcome = SampleOutcome(sequences=list(sequences), prompt_logprobs=prompt)
     except OpenAIError as exc:
         error = exc.message
         if 400 <= exc.status < 500:

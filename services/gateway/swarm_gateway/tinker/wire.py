@@ -132,8 +132,12 @@ def encode_forward_backward_output(result: SessionResult) -> bytes:
 
 
 def encode_sample_response(outcome: SampleOutcome) -> bytes:
-    """The sampled sequences: int32 token ids and float32 log-probabilities, as raw bytes."""
+    """The sampled sequences (int32 token ids, float32 log-probabilities) and the prompt's
+    log-probabilities (float32, NaN for the first token), as raw bytes."""
     out = SampleResponse()
+    if outcome.prompt_logprobs is not None:
+        scores = [np.nan if v is None else v for v in outcome.prompt_logprobs]
+        out.prompt_logprobs = np.asarray(scores, dtype=np.float32).tobytes()
     for sequence in outcome.sequences:
         seq = out.sequences.add()
         seq.stop_reason = _STOP_REASON[sequence.stop_reason]
