@@ -61,6 +61,8 @@ GW = Annotated[Gateway, Depends(get_gateway)]
 
 # How long one retrieve_future waits for a pending future before answering try_again.
 LONG_POLL_S = 20.0
+# A call pending longer than this has its worker's liveness checked at each read.
+LOST_CHECK_S = 2.0
 _CHECKPOINT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _SESSION_ID = re.compile(r"^tsess-[0-9a-f]{16}$")
 
@@ -462,7 +464,10 @@ async def retrieve_future(
         if future.state == "pending" and time.time() > future.deadline:
             future.state, future.category = "failed", "server"
             future.error = "no answer from the worker holding this session in time"
-        if future.state == "pending" and future.worker_id is not None:
+        # Only a call pending a while is checked for a lost worker: a quick call must not pay
+        # two more reads (the "no responders" answer covers a worker gone before the call).
+        waited = time.time() - future.sent_at
+        if future.state == "pending" and future.worker_id is not None and waited > LOST_CHECK_S:
             lost = await _lost_with_its_worker(gw, t, future)
             if lost is not None:
                 future.state, future.category, future.error = "failed", "server", lost

@@ -31,6 +31,9 @@ from swarm_runtime.tracing import trace_headers
 
 log = logging.getLogger(__name__)
 
+# How long a settled call's event is kept set for a late ``wait``.
+SETTLED_KEPT_S = 30.0
+
 # What a settled future does before anyone reads it settled (mark the model ready, register
 # the weights saved for sampling): given the record as the worker settled it, the record to
 # keep (the same, or one it changed: a registration that failed fails the future).
@@ -89,10 +92,14 @@ class Calls:
         self._settled[request_id] = asyncio.Event()
 
     def settled(self, request_id: str, future: FutureRecord | None = None) -> None:
-        """Wake ``wait``; with the settled ``future``, count its timing."""
-        event = self._settled.pop(request_id, None)
+        """Wake ``wait``; with the settled ``future``, count its timing. The event stays set a
+        while: a ``retrieve_future`` that read the record pending just before the reply came
+        must not then sleep, unwoken (it cost up to half a second a call)."""
+        event = self._settled.get(request_id)
         if event is not None:
             event.set()
+            loop = asyncio.get_running_loop()
+            loop.call_later(SETTLED_KEPT_S, self._settled.pop, request_id, None)
         if future is not None and self.on_timed is not None:
             self.on_timed(future)
 
