@@ -185,6 +185,7 @@ def test_the_stock_sdk_samples_its_trained_weights_through_the_inference_service
         service.create_sampling_client(
             model_path=f"tinker://{training.model_id}/sampler_weights/never-saved"
         ).result(timeout=60)
+    service.close("success").result(timeout=60)  # no heartbeats left behind
 
 
 def _reward(tokens: list[int]) -> float:
@@ -263,3 +264,4 @@ def test_an_rl_loop_on_sampled_completions_raises_the_mean_reward(
         training.optim_step(types.AdamParams(learning_rate=5e-2)).result(timeout=60)
     end = mean_reward()
     assert end > start + 0.4, (start, end)
+    service.close("success").result(timeout=60)

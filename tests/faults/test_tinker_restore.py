@@ -44,7 +44,7 @@ def _holder(procs: Procs, model_id: str) -> str:
     return asyncio.run(read())
 
 
-def _session(procs: Procs) -> tinker.TrainingClient:
+def _session(procs: Procs) -> tuple[tinker.ServiceClient, tinker.TrainingClient]:
     """Two trainers, and a training client on one of them."""
     start_base(procs)
     for name in ("t1", "t2"):
@@ -54,15 +54,16 @@ def _session(procs: Procs) -> tinker.TrainingClient:
     service = tinker.ServiceClient(
         base_url=f"http://127.0.0.1:{procs.gateway_port}", api_key="tml-local"
     )
-    return service.create_lora_training_client(base_model="tiny", rank=4, seed=0).result(
+    training = service.create_lora_training_client(base_model="tiny", rank=4, seed=0).result(
         timeout=180
     )
+    return service, training
 
 
 def test_a_killed_workers_session_is_restored_on_another_from_its_saved_state(
     procs: Procs,
 ) -> None:
-    training = _session(procs)
+    service, training = _session(procs)
     for _ in range(2):
         _step(training)
     saved = training.save_state("two").result(timeout=120).path
@@ -88,6 +89,7 @@ def test_a_killed_workers_session_is_restored_on_another_from_its_saved_state(
     assert logprobs(training) == pytest.approx(at_two, abs=1e-6)
     _step(training)
     assert logprobs(training) != pytest.approx(at_two, abs=1e-6)
+    service.close("success").result(timeout=60)  # no heartbeats left behind
 
 
 def test_a_call_in_flight_on_a_frozen_worker_fails_once_it_is_lost_and_the_session_moves(
@@ -95,7 +97,7 @@ def test_a_call_in_flight_on_a_frozen_worker_fails_once_it_is_lost_and_the_sessi
 ) -> None:
     """The worker still holds its subscription (no "no responders"): the call is pending until
     the scheduler gives the worker up, then fails the same way, and the model is restored."""
-    training = _session(procs)
+    service, training = _session(procs)
     _step(training)  # never saved: the restore starts from the initial weights
     holder = _holder(procs, training.model_id)
     other = "t2" if holder == "t1" else "t1"
@@ -113,3 +115,4 @@ def test_a_call_in_flight_on_a_frozen_worker_fails_once_it_is_lost_and_the_sessi
     initial = logprobs(training)
     _step(training)
     assert logprobs(training) != pytest.approx(initial, abs=1e-6)
+    service.close("success").result(timeout=60)
