@@ -243,25 +243,21 @@ class AsyncClient:
 
     # --- datasets --------------------------------------------------------------------
     async def upload_dataset(self, path: str | Path, name: str | None = None) -> DatasetInfo:
-        path = Path(path)
-        label = api.label(name or path.name, "name")
-        # httpx's multipart encoder wants a sync file object; reads from local disk are short.
-        with open(path, "rb") as f:  # noqa: ASYNC230
-            return await self._do(
-                api.UPLOAD_DATASET,
-                files={"file": (path.name, f, "application/jsonl")},
-                data={"name": label},
-            )
+        return await self._upload(api.UPLOAD_DATASET, path, name)
 
     async def start_dataset_upload(
         self, path: str | Path, name: str | None = None
     ) -> DatasetUpload:
         """Send the file; the gateway checks it in the background (``dataset_upload``)."""
+        return await self._upload(api.START_DATASET_UPLOAD, path, name)
+
+    async def _upload(self, call: api.Call[T], path: str | Path, name: str | None) -> T:
         path = Path(path)
         label = api.label(name or path.name, "name")
+        # httpx's multipart encoder wants a sync file object; reads from local disk are short.
         with open(path, "rb") as f:  # noqa: ASYNC230
             return await self._do(
-                api.START_DATASET_UPLOAD,
+                call,
                 files={"file": (path.name, f, "application/jsonl")},
                 data={"name": label},
             )

@@ -295,22 +295,18 @@ class Client:
 
     # --- datasets --------------------------------------------------------------------
     def upload_dataset(self, path: str | Path, name: str | None = None) -> DatasetInfo:
-        path = Path(path)
-        label = api.label(name or path.name, "name")
-        with open(path, "rb") as f:
-            return self._do(
-                api.UPLOAD_DATASET,
-                files={"file": (path.name, f, "application/jsonl")},
-                data={"name": label},
-            )
+        return self._upload(api.UPLOAD_DATASET, path, name)
 
     def start_dataset_upload(self, path: str | Path, name: str | None = None) -> DatasetUpload:
         """Send the file; the gateway checks it in the background (``dataset_upload``)."""
+        return self._upload(api.START_DATASET_UPLOAD, path, name)
+
+    def _upload(self, call: api.Call[T], path: str | Path, name: str | None) -> T:
         path = Path(path)
         label = api.label(name or path.name, "name")
         with open(path, "rb") as f:
             return self._do(
-                api.START_DATASET_UPLOAD,
+                call,
                 files={"file": (path.name, f, "application/jsonl")},
                 data={"name": label},
             )
