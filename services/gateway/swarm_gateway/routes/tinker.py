@@ -14,7 +14,6 @@ import asyncio
 import re
 import secrets
 import time
-import uuid
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Request, status
@@ -530,7 +529,7 @@ async def _send(
     path: str | None = None,
     then: Any = None,
 ) -> dict[str, str]:
-    request_id = uuid.uuid4().hex
+    request_id = t.calls.new_id()
     future = FutureRecord(
         request_id=request_id,
         tenant=record.tenant,
@@ -556,10 +555,11 @@ async def _save(
             status.HTTP_400_BAD_REQUEST,
             detail="path: a name of letters, digits, '.', '_' and '-' (up to 128)",
         )
-    store_key = _store_key(record, kind, name)
     path = f"tinker://{record.model_id}/{kind}/{name}"
-    then = _remember_state(t, record, SavedState(path=path, store_key=store_key, step=0))
-    if gw is not None:
+    if gw is None:  # save_state: the model's latest, what a restore starts from
+        store_key = _store_key(record, kind, name)
+        then = _remember_state(t, record, SavedState(path=path, store_key=store_key, step=0))
+    else:
         # Written where the registry takes a result from (a job's output), the call's
         # own id standing for the job: a retried call registers the version it made.
         job_id = f"{model_token(record.model_id)}-s{body.seq_id}"

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-import uuid
 from typing import Any
 
 from fastapi import APIRouter, HTTPException, status
@@ -114,7 +113,7 @@ async def asample(body: SampleBody, gw: GW, t: T, tenant: Tenant) -> dict[str, A
         sampler = await _sampler(t, tenant, body.sampling_session_id)
     else:
         sampler = await _target(gw, t, tenant, body.model_path, body.base_model)
-    request_id = uuid.uuid4().hex
+    request_id = t.calls.new_id()
     try:
         requests = sampling.generate_requests(
             request_id,
