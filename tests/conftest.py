@@ -24,6 +24,9 @@ from swarm_runtime.settings import Settings
 # environment), skip their self-benchmark: seconds of CPU each on a loaded machine.
 # tests/trainer/test_benchmark.py turns it on where it is what is tested.
 os.environ.setdefault("SWARM_BENCHMARK_S", "0")
+# Nor do they run Ray's log monitor (swarm_trainer.own_ray): seconds of CPU a minute per
+# agent, for output a failing test finds in the Ray node's log files anyway.
+os.environ.setdefault("SWARM_RAY_WORKER_LOGS", "false")
 
 
 def free_port() -> int:

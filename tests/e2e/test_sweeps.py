@@ -90,7 +90,7 @@ def never_more_than(events: list[str], limit: int) -> bool:
 @pytest.fixture(scope="module")
 def sweeps(stack: Stack) -> dict[str, SweepRecord]:
     asha_base = sweep_spec(stack, "sweep-asha")["base"]
-    asha_base["training"] |= {"max_steps": 24}  # room for the cancel to land after step 2
+    asha_base["training"] |= {"max_steps": 24}  # usually room for the cancel to land
     random_base = sweep_spec(stack, "sweep-random")["base"] | {"priority": 7}
     specs = {
         # Priority 7 (its trials' jobs go before the others'): the restart test kills the
@@ -240,7 +240,9 @@ def test_asha_prunes_a_trial_whose_eval_loss_is_clearly_worse(
     job = client.get_job(absurd.job_id)
     assert job.state == JobState.cancelled
     assert job.reason == "pruned"
-    assert max(absurd.evals) < 24  # it did not run to the end
+    # It registered nothing. (How many of its 24 steps ran before the cancel landed depends
+    # on how loaded the machine is: the tiny model can finish them all meanwhile.)
+    assert job.adapter is None
     events = [e for e in client.sweep_events(sweep.sweep_id)]
     [pruned] = [e.payload for e in events if e.event == "trial_pruned"]
     assert (pruned["trial"], pruned["step"]) == (1, 2)

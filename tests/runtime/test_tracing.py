@@ -59,12 +59,14 @@ def test_traceparent_round_trip_and_bad_input() -> None:
 def ray_local() -> Iterator[None]:
     import ray
 
+    from swarm_trainer import own_ray
+
     started = not ray.is_initialized()
     if started:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        own_ray.start(2, worker_logs=False)
     yield
     if started:
-        ray.shutdown()
+        own_ray.stop()
 
 
 def collect(exporter: InMemorySpanExporter, *providers: TracerProvider) -> None:

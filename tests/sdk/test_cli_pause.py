@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import nats
+from nats.js.errors import NotFoundError
 from typer.testing import CliRunner
 
 from swarm.cli import app
@@ -55,6 +56,21 @@ async def test_pause_resume_and_wait(
         msg = await js.get_last_msg(subjects.control_stream, subject)
         return json.loads(msg.data)["data"]
 
+    async def sequence(subject: str) -> int:
+        try:
+            return (await js.get_last_msg(subjects.control_stream, subject)).seq or 0
+        except NotFoundError:
+            return 0
+
+    async def requested_after(subject: str, seq: int) -> None:
+        """Until `--wait`'s own request is on the control stream: only then may the test end
+        the job (before, the request would find it ended: a 409, not a wait)."""
+        for _ in range(300):
+            if await sequence(subject) > seq:
+                return
+            await asyncio.sleep(0.1)
+        raise AssertionError(f"no request on {subject}")
+
     try:
         await jobs.create(RUNNING, record(RUNNING, JobState.running))
         await jobs.create(PAUSED, record(PAUSED, JobState.paused))
@@ -77,10 +93,12 @@ async def test_pause_resume_and_wait(
         assert "not paused" in out
 
         # --wait: until the record says paused, or exit 1 when the job ended instead.
+        before = await sequence(subjects.pause(RUNNING))
         waiting = asyncio.create_task(
             asyncio.to_thread(cli, url, "jobs", "pause", RUNNING, "--wait", "--timeout", "30")
         )
-        await asyncio.sleep(1.0)
+        await requested_after(subjects.pause(RUNNING), before)
+        await asyncio.sleep(0.5)
         assert not waiting.done()
         await move(RUNNING, JobState.paused, "paused: paused by request")
         code, out = await waiting
@@ -90,7 +108,7 @@ async def test_pause_resume_and_wait(
         waiting = asyncio.create_task(
             asyncio.to_thread(cli, url, "jobs", "pause", ENDING, "--wait", "--timeout", "30")
         )
-        await asyncio.sleep(0.5)
+        await requested_after(subjects.pause(ENDING), 0)
         await move(ENDING, JobState.failed, "oom")
         code, out = await waiting
         assert code == 1, out

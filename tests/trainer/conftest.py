@@ -18,6 +18,7 @@ from swarm_contracts.layout import DATASETS, dataset_key, join_key
 from swarm_contracts.workers import Assignment
 from swarm_runtime.dataset_codec import FRAME_BYTES, zstd_writer
 from swarm_runtime.store import ObjectStore, tree_digest
+from swarm_trainer import own_ray
 from swarm_trainer.reports import Report
 from swarm_trainer.tiny_model import create_tiny_model
 
@@ -44,10 +45,11 @@ def ray_cluster() -> Iterator[None]:
         # 4 logical CPUs on 2 cores: an agent test lets go of a cancelled or superseded run
         # at once while Ray tears it down in the background, and a 2-worker test right after
         # must not wait 60 s for those CPUs (Ray Train's worker-group start timeout). Its own
-        # Ray ("local"): never one another test or stack left on the host.
-        ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
+        # Ray: never one another test or stack left on the host; started as an agent starts
+        # its own, with no more processes than a trainer needs.
+        own_ray.start(4, worker_logs=False)
     yield
-    ray.shutdown()
+    own_ray.stop()
 
 
 def arithmetic_records(n: int = 48) -> list[dict[str, str]]:

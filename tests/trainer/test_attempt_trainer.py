@@ -1,4 +1,4 @@
-"""An attempt's Ray Train run starts no Ray Data actor it has no use for."""
+"""An attempt's Ray Train run starts no actor it has no use for."""
 
 from __future__ import annotations
 
@@ -20,12 +20,11 @@ def kinds(trainer: AttemptTrainer) -> set[type]:
     return {type(c) for c in trainer._create_default_callbacks()}
 
 
-def test_the_dataset_manager_is_left_out() -> None:
+def test_the_dataset_manager_and_the_placement_group_cleaner_are_left_out() -> None:
     trainer = AttemptTrainer(_noop, scaling_config=ScalingConfig(num_workers=1))
     callbacks = kinds(trainer)
-    assert DatasetsCallback not in callbacks
-    # Ray Train's own setup stays, and the cleaner of an aborted run's placement group.
-    assert {BackendSetupCallback, PlacementGroupCleanerCallback} <= callbacks
+    assert not callbacks & {DatasetsCallback, PlacementGroupCleanerCallback}
+    assert BackendSetupCallback in callbacks  # Ray Train's own setup stays
 
 
 def test_a_run_given_ray_datasets_keeps_their_callback() -> None:
@@ -34,3 +33,4 @@ def test_a_run_given_ray_datasets_keeps_their_callback() -> None:
         _noop, scaling_config=ScalingConfig(num_workers=1), datasets={"train": lambda: None}
     )
     assert DatasetsCallback in kinds(trainer)
+    assert PlacementGroupCleanerCallback not in kinds(trainer)

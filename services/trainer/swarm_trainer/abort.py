@@ -12,9 +12,9 @@ the kill (which waits for it while the group starts), so that the killed run's C
 reserved, leaving the next attempt placed on this worker waiting for them. A kill takes
 effect a little after it is asked, so a controller told that its run was aborted as it is about
 to create the group (``JobControl.group_starting``) waits for its end instead: a group created
-in that moment would be known to nobody (seen under load: left reserved for good). Ray Train's
-own ``PlacementGroupCleaner`` removes a dead controller's group too, as a second line of
-defence; ``AttemptTrainer`` keeps it.
+in that moment would be known to nobody (seen under load: left reserved for good). A
+controller that died by itself left its group too: ``JobControl.finish`` removes it once the
+run is over (Ray Train's own ``PlacementGroupCleaner`` cannot here: ``AttemptTrainer``).
 
 Its own module: the controller process unpickles this callback, and ``control`` is imported
 by the ``JobControl`` actor, which must not pay for importing Ray Train.

@@ -49,6 +49,7 @@ from swarm_runtime.rpc import Refused, ServiceClient
 from swarm_runtime.store import ObjectStore, open_store
 from swarm_runtime.tasks import cancel_and_wait
 from swarm_runtime.topology import ensure_topology, kv_bucket
+from swarm_trainer import own_ray
 from swarm_trainer.attempt import PAUSE_REASON, Attempt
 from swarm_trainer.benchmark_history import Benchmarks
 from swarm_trainer.cache import CacheSettings, keep_compiled_kernels
@@ -157,9 +158,9 @@ class TrainerAgent:
         if address:
             ray.init(address=address)
         else:
-            # "local": a Ray of its own, never one found on the host (another stack's agent,
-            # someone's `ray start`), which ray.init() without an address would attach to.
-            ray.init(address="local", num_cpus=self.resources.cpus, include_dashboard=False)
+            # A Ray of its own, never one found on the host (another stack's agent, someone's
+            # `ray start`), which ray.init() without an address would attach to.
+            own_ray.start(self.resources.cpus, worker_logs=self.settings.ray_worker_logs)
 
     async def start(self) -> None:
         if self.settings.benchmark_s > 0:
@@ -462,7 +463,4 @@ def _load_training() -> None:
 
 
 def _shutdown_ray() -> None:
-    import ray
-
-    if ray.is_initialized():
-        ray.shutdown()
+    own_ray.stop()

@@ -32,6 +32,7 @@ RELEASE = 2
 # (importing torch, initialising the train context) takes minutes on a loaded machine, beyond
 # Ray Train's own 60 s for the placement group alone.
 GROUP_START_WAIT_S = 300.0
+FINISH_WAIT_S = 10.0
 
 
 # One thread, no method that blocks: Ray runs a single-threaded actor's calls in the order each
@@ -118,6 +119,13 @@ class JobControl:
                 remove_placement_group(placement_group)
         self._placement_groups.clear()
 
+    def finish(self) -> None:
+        """The run is over. A controller that shut down by itself removed its group; one that
+        died did not, and nothing else would until the agent exits (Ray Train's own cleaner
+        needs Ray's state API, which a cluster without the dashboard lacks)."""
+        if not self._group_starting:
+            self._remove_placement_groups()
+
     def release(self) -> None:
         # A cancel already asked for wins: nothing is to be saved then.
         self._mode = self._mode or RELEASE
@@ -146,5 +154,8 @@ def drain(control: Any, wait_s: float) -> list[Report]:
 
 
 def close_control(control: Any) -> None:
-    """Kill the run's ``JobControl``, once the run is over."""
+    """Kill the run's ``JobControl``, once the run is over, after it removed what the run's
+    controller may have left."""
+    with contextlib.suppress(Exception):
+        ray.get(control.finish.remote(), timeout=FINISH_WAIT_S)
     ray.kill(control)

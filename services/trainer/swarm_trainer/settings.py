@@ -18,6 +18,9 @@ class TrainerSettings(Settings):
     store_access: Literal["keys", "signed"] = "keys"
     worker_id: str | None = None
     trainer_cpus: int | None = None
+    # The ranks' output in the agent's log too (Ray's log monitor: swarm_trainer.own_ray); it
+    # is in the Ray node's log files either way.
+    ray_worker_logs: bool = True
     # A Tinker training session no call has touched for this long is closed (its model and
     # optimizer freed; what was saved stays): docs/tinker.md.
     session_idle_s: float = Field(default=900.0, gt=0)

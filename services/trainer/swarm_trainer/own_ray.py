@@ -1,0 +1,51 @@
+"""The Ray an agent starts for itself: a head node on this machine with the processes a trainer
+uses, no more.
+
+``ray.init(address="local")`` also starts the autoscaler's monitor (nothing to scale: one
+machine) and a log monitor that tails every Ray log file and ships each new line through the
+GCS to the driver (seconds of CPU a minute, for as long as the agent runs). The monitor is
+never started; the log monitor only while ``SWARM_RAY_WORKER_LOGS`` is true (the default: the
+ranks' output in the agent's log too; it is in the node's own log files either way). The
+test suite turns it off.
+
+``ray.init`` has no parameter for either; the node is started as Ray's own ``ray.init`` and
+``ray.cluster_utils.Cluster`` start it (``ray._private.node.Node``), and the driver connects to
+it. ``tests/trainer/test_own_ray.py`` fails if a Ray upgrade changes what this starts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# The node this process started (stopped by ``stop``, or at exit by Ray's own hook).
+_node: Any = None
+
+
+def start(cpus: int, *, worker_logs: bool) -> None:
+    """Start a Ray node of ``cpus`` CPUs (its GPUs found by Ray) and connect to it."""
+    global _node
+    import ray
+    from ray._private.node import Node
+    from ray._private.parameter import RayParams
+
+    params = RayParams(
+        num_cpus=cpus,
+        include_dashboard=False,
+        include_log_monitor=worker_logs,
+        no_monitor=True,
+    )
+    # shutdown_at_exit and the reaper: the node's processes end with this one, however it ends.
+    _node = Node(params, head=True, shutdown_at_exit=True, spawn_reaper=True)
+    ray.init(address=_node.address, log_to_driver=worker_logs)
+
+
+def stop() -> None:
+    """Disconnect, and stop the node ``start`` started (if it did)."""
+    global _node
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+    if _node is not None:
+        _node.kill_all_processes(check_alive=False, allow_graceful=True)
+        _node = None
