@@ -15,6 +15,7 @@ it. ``tests/trainer/test_own_ray.py`` fails if a Ray upgrade changes what this s
 
 from __future__ import annotations
 
+import atexit
 from typing import Any
 
 # The node this process started (stopped by ``stop``, or at exit by Ray's own hook).
@@ -34,8 +35,11 @@ def start(cpus: int, *, worker_logs: bool) -> None:
         include_log_monitor=worker_logs,
         no_monitor=True,
     )
-    # shutdown_at_exit and the reaper: the node's processes end with this one, however it ends.
-    _node = Node(params, head=True, shutdown_at_exit=True, spawn_reaper=True)
+    # As ray.init starts it: Ray's reaper ends the node's processes with this one, however it
+    # ends. Not Ray's exit hooks (shutdown_at_exit): they take SIGTERM over, which the agent
+    # handles itself (a graceful hand-back), and only work from the main thread.
+    _node = Node(params, head=True, shutdown_at_exit=False, spawn_reaper=True)
+    atexit.register(stop)
     ray.init(address=_node.address, log_to_driver=worker_logs)
 
 
