@@ -43,6 +43,11 @@ def start(cpus: int, *, worker_logs: bool) -> None:
     ray.init(address=_node.address, log_to_driver=worker_logs)
 
 
+def started() -> bool:
+    """Whether this process runs on a Ray node it started (not one it was given)."""
+    return _node is not None
+
+
 def stop() -> None:
     """Disconnect, and stop the node ``start`` started (if it did)."""
     global _node
