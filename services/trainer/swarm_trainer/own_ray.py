@@ -18,7 +18,7 @@ from __future__ import annotations
 import atexit
 from typing import Any
 
-# The node this process started (stopped by ``stop``, or at exit by Ray's own hook).
+# The node this process started (stopped by ``stop``, called at exit too).
 _node: Any = None
 
 
