@@ -244,6 +244,18 @@ def test_upload_download_dir_round_trip(store: ObjectStore, tmp_path: Path, pref
     assert not (out / "other").exists()  # "…/1" did not pull in "…/10"
 
 
+def test_copy_prefix_replaces_the_target_with_the_source_s_files(store: ObjectStore) -> None:
+    store.put_bytes("src/a.txt", b"a")
+    store.put_bytes("src/sub/b.txt", b"b")
+    store.put_bytes("dst/stale.txt", b"left from an earlier copy")
+    digests = store.copy_prefix("src", "dst")
+    assert store.list("dst/") == ["dst/a.txt", "dst/sub/b.txt"]
+    assert store.get_bytes("dst/sub/b.txt") == b"b"
+    assert digests == store.file_digests("dst")
+    with pytest.raises(NotFound):
+        store.copy_prefix("gone", "dst")
+
+
 def test_file_digests_of_missing_prefix_is_empty(store: ObjectStore) -> None:
     assert store.file_digests("nothing/here") == {}
 

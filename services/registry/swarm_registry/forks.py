@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 from swarm_contracts.jobs import ForkPoint, JobRecord, parse_checkpoint_ref
@@ -91,13 +89,10 @@ def pin(store: ObjectStore, record: JobRecord, step: int, request: ForkCheckpoin
         )
         if target is None:  # a dry run
             return point
-        store.delete_prefix(target + "/")
-        with tempfile.TemporaryDirectory() as tmp:
-            try:
-                store.download_dir(source, Path(tmp))
-            except NotFound:
-                continue  # pruned while we looked: look again
-            files = store.upload_dir(Path(tmp), target)
+        try:
+            files = store.copy_prefix(source, target)
+        except NotFound:
+            continue  # pruned while we looked: look again
         if not _listed(store, record.job_id, attempt, step):
             continue  # pruned while we copied: what we have may be partial
         missing = [name for name in ADAPTER_FILES if name not in files]

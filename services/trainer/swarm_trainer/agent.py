@@ -457,8 +457,9 @@ class TrainerAgent:
 
 
 def _load_training() -> None:
-    """Import what runs a job (torch, peft, Ray Train): tens of seconds on a loaded machine,
-    paid at start-up, while the agent already heartbeats, rather than by its first job."""
+    """Import what starts a job's run (Ray Train; the ranks import torch and peft, not the
+    agent: ``attempt_trainer``): seconds on a loaded machine, paid at start-up, while the
+    agent already heartbeats, rather than by its first job."""
     import swarm_trainer.run  # noqa: F401
 
 

@@ -3,7 +3,7 @@
 The agent (``swarm_trainer.agent``) is the worker's presence: it heartbeats, accepts an
 assignment, passes cancels and hand-backs on, and lets go of the job. An ``Attempt`` is the
 rest of the attempt's life: ``started``, the Ray Train run in a thread (``run_job`` blocks in
-``TorchTrainer.fit``, so the event loop stays free), rank 0's reports turned into events,
+``AttemptTrainer.fit``, so the event loop stays free), rank 0's reports turned into events,
 the check that the job record still gives the attempt to this worker, a stop that Ray is slow
 to carry out, the adapter's registration and the terminal event. It reaches the agent through
 ``Host``, as Temporal's activities reach their worker.

@@ -12,7 +12,7 @@ on this machine.
 On a GPU machine it runs in a child process (``python -m swarm_trainer.benchmark``): the CUDA
 context and the memory it takes go away with it, instead of staying with the agent for as long
 as it runs, and a driver that hangs cannot take the agent with it. On a CPU machine it runs in
-a thread of the agent, which has torch, transformers and peft imported already.
+a thread of the agent (importing torch, transformers and peft into it the first time).
 """
 
 from __future__ import annotations

@@ -69,7 +69,8 @@ class CrashBeforeStep(LoopHooks):
     marker: str
 
     def before_step(self, recipe: Recipe, state: TrainState) -> None:
-        from swarm_trainer.checkpoint import ADAPTER_FILE, checkpoint_dir_name, wait_committed
+        from swarm_trainer.checkpoint import ADAPTER_FILE, checkpoint_dir_name
+        from swarm_trainer.resume_point import wait_committed
 
         done = state.step
         if recipe.rank != 0 or done + 1 != self.step or os.path.exists(self.marker):

@@ -71,7 +71,7 @@ class LoopConfig(BaseModel):
     store: StoreConnection
     work_dir: Path  # each rank makes its own temporary directory in it
     cache: CacheSettings  # the machine's cache of base models and datasets
-    # A committed checkpoint of an earlier attempt (see ``checkpoint.prepare_resume``); a
+    # A committed checkpoint of an earlier attempt (see ``resume_point.prepare_resume``); a
     # retry within this run resumes from the run's own latest checkpoint instead.
     resume_from: Checkpoint | None = None
     # Rank 0's reports to the agent, and the cancel flag (``control.JobControl``).
@@ -79,7 +79,7 @@ class LoopConfig(BaseModel):
     hooks: LoopHooks = Field(default_factory=LoopHooks)  # tests only
 
     def for_ray(self) -> dict[str, LoopConfig]:
-        """As ``TorchTrainer(train_loop_config=...)`` takes it."""
+        """As ``AttemptTrainer(train_loop_config=...)`` takes it."""
         return {LOOP_CONFIG_KEY: self}
 
     @classmethod

@@ -10,14 +10,16 @@ weights are fetched, so nothing that could be unpickled ever reaches
 from __future__ import annotations
 
 from pathlib import Path
-
-from peft import LoraConfig, PeftModel
-from transformers import PreTrainedModel
+from typing import TYPE_CHECKING
 
 from swarm_contracts.jobs import ForkPoint, ParentAdapter
 from swarm_contracts.layout import join_key
 from swarm_contracts.workers import Assignment
 from swarm_runtime.store import ObjectStore, sha256_file
+
+if TYPE_CHECKING:
+    from peft import PeftModel
+    from transformers import PreTrainedModel
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
@@ -79,6 +81,8 @@ def _fetch(
 def load_parent(base: PreTrainedModel, directory: Path, dropout: float) -> PeftModel:
     """The parent adapter on ``base``, trainable. Its own config gives the LoRA shape (rank,
     alpha, target modules); dropout is a training setting, so it is the job's."""
+    from peft import LoraConfig, PeftModel  # on the ranks only: the agent checks files here
+
     config = LoraConfig.from_pretrained(str(directory))
     config.lora_dropout = dropout
     return PeftModel.from_pretrained(base, directory, is_trainable=True, config=config)

@@ -348,7 +348,7 @@ def pad_token_id(tokenizer: Tokenizer) -> int:
 def resume(recipe: Recipe, earlier_attempt: ray.train.Checkpoint | None) -> TrainState:
     """From the latest *committed* checkpoint: this run's own (Ray hands out only those) after
     a retry, else the one an earlier attempt committed (the run's copy of it, see
-    ``checkpoint.prepare_resume``). Weights, optimizer, schedule, this rank's RNG streams and
+    ``resume_point.prepare_resume``). Weights, optimizer, schedule, this rank's RNG streams and
     the data position, so the run continues as if it had never stopped."""
     found = ray.train.get_checkpoint() or earlier_attempt
     if found is None:

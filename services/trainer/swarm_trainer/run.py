@@ -1,4 +1,4 @@
-"""One attempt of one job as a Ray Train ``TorchTrainer`` run (blocking; call it in a thread)."""
+"""One attempt of one job as a Ray Train run (blocking; call it in a thread)."""
 
 from __future__ import annotations
 
@@ -23,19 +23,18 @@ from swarm_contracts.verification import ReplayReport
 from swarm_contracts.workers import Assignment
 from swarm_runtime.store import NotFound, ObjectStore
 from swarm_trainer.abort import RegisterController
-from swarm_trainer.attempt_trainer import AttemptTrainer
+from swarm_trainer.attempt_trainer import AttemptTrainer, rank_main
 from swarm_trainer.cache import CacheSettings
-from swarm_trainer.checkpoint import (
+from swarm_trainer.hooks import LoopHooks
+from swarm_trainer.loop_config import LoopConfig, StoreConnection
+from swarm_trainer.parent_adapter import missing_fork_files, missing_parent_files
+from swarm_trainer.resume_point import (
     ResumePoint,
     committed_checkpoint_step,
     prepare_resume,
     replay_start,
     wait_committed,
 )
-from swarm_trainer.hooks import LoopHooks
-from swarm_trainer.loop_config import LoopConfig, StoreConnection
-from swarm_trainer.parent_adapter import missing_fork_files, missing_parent_files
-from swarm_trainer.recipe import train_loop
 from swarm_trainer.settings import TrainerSettings
 from swarm_trainer.train_state import TrainMetrics
 
@@ -182,7 +181,7 @@ def run_job(
         hooks=hooks or LoopHooks(),
     )
     trainer = AttemptTrainer(
-        train_loop,
+        rank_main,
         train_loop_config=config.for_ray(),
         scaling_config=ScalingConfig(
             num_workers=resources.workers,

@@ -10,13 +10,15 @@ before this class existed, so those checkpoints load as they are.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
 from pydantic import BaseModel
 
 from swarm_contracts.evals import EvalResult
 from swarm_trainer.reports import Evaluation
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass

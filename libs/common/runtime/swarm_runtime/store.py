@@ -12,6 +12,7 @@ import builtins
 import hashlib
 import io
 import os
+import tempfile
 import uuid
 from abc import ABC, abstractmethod
 from datetime import timedelta
@@ -124,6 +125,15 @@ class ObjectStore(ABC):
         if not paths:
             raise NotFound(prefix)
         return paths
+
+    def copy_prefix(self, source: str, target: str) -> dict[str, str]:
+        """Replace what is under ``target`` with a copy of ``source``'s files (through a local
+        directory: works across every backend); return relative name -> sha256. NotFound when
+        ``source`` has no files (e.g. pruned meanwhile)."""
+        self.delete_prefix(target.rstrip("/") + "/")
+        with tempfile.TemporaryDirectory() as tmp:
+            self.download_dir(source, Path(tmp))
+            return self.upload_dir(Path(tmp), target)
 
     def file_digests(self, prefix: str) -> dict[str, str]:
         base = validate_key(prefix, prefix=True).rstrip("/") + "/"
