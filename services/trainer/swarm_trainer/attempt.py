@@ -149,7 +149,7 @@ class Attempt:
         log.info("handing back %s: %s", self.job.job_id, reason)
         self.release_reason = reason
         if self.control is not None:
-            await asyncio.to_thread(_ray_get, self.control.release.remote())
+            await asyncio.to_thread(_ray_get, self.control.release())
         self._watch_stop()
 
     async def request_cancel(self, reason: str) -> None:
@@ -159,7 +159,7 @@ class Attempt:
         self.cancel_requested = True
         if self.control is not None:
             # Not waited for: the control actor may itself still be starting.
-            await asyncio.to_thread(self.control.cancel.remote)
+            await asyncio.to_thread(self.control.cancel)
         self._watch_stop()
 
     def _watch_stop(self) -> None:
@@ -184,7 +184,7 @@ class Attempt:
         if self.control is not None:
             log.info("aborting the Ray run of %s#%d", self.job.job_id, self.job.attempt)
             try:
-                await asyncio.to_thread(self.control.abort.remote)
+                await asyncio.to_thread(self.control.abort)
             except Exception:
                 log.warning("could not abort the run of %s", self.job.job_id, exc_info=True)
         await self._report_stopped()
@@ -289,7 +289,7 @@ class Attempt:
 
         job = self.job
         if self.release_reason is not None:  # a hand-back asked while we were setting up
-            await asyncio.to_thread(_ray_get, self.control.release.remote())
+            await asyncio.to_thread(_ray_get, self.control.release())
         store = self.store
         resume = await asyncio.to_thread(starting_point, job, store)
         self.step = self.resumed_from = resume.step if resume is not None else 0

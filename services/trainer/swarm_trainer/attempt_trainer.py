@@ -14,8 +14,8 @@ Nor does it start an actor (a process: about 2 CPU-seconds on a 2-core machine) 
   (``swarm_trainer.stream``); a run given Ray Datasets keeps the callback.
 - Ray Train's ``PlacementGroupCleanerCallback`` (a detached ``PlacementGroupCleaner`` for every
   run). It asks Ray's state API, which needs the dashboard an agent's own Ray runs without, so
-  there it never removes anything. The run's ``JobControl`` removes the group instead: after an
-  abort (``swarm_trainer.abort``) and after any run, a dead controller's (``JobControl.finish``).
+  there it never removes anything. The agent's ``JobControl`` removes the group instead: after an
+  abort (``swarm_trainer.abort``) and after any run, a dead controller's (``JobControl.close``).
 - In the agent's own one-machine Ray (``swarm_trainer.own_ray``), the resource requests to Ray's
   autoscaling coordinator (a detached actor per cluster, polling for as long as it lives): there
   is nothing to scale. A run on a Ray cluster the agent was given (``RAY_ADDRESS``, e.g. KubeRay

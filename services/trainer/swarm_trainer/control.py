@@ -1,5 +1,9 @@
-"""The channel between a running job's rank 0 and the agent: reports out, cancel in, both
-through the job's one ``JobControl`` actor (an actor is a process: one per attempt, not two).
+"""The channel between a running job's rank 0 and the agent: reports out, cancel in.
+
+One ``JobControl`` actor per agent serves all its runs, each under its own key: an actor is a
+process (a second and a half of CPU to start on a loaded 2-core machine), which a run need
+not pay for. A run's end of it is a ``RunControl``: the actor's handle and the run's key,
+picklable, so the run's controller and rank 0 get it through the loop config.
 
 A stop comes in two kinds: ``CANCEL`` (stop now, save nothing) and ``RELEASE`` (commit a
 checkpoint of the current step, then stop: the job is handed back and resumes elsewhere).
@@ -13,7 +17,9 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections import deque
+import uuid
+from collections import OrderedDict, deque
+from dataclasses import dataclass
 from typing import Any
 
 import ray
@@ -33,62 +39,82 @@ RELEASE = 2
 # Ray Train's own 60 s for the placement group alone.
 GROUP_START_WAIT_S = 300.0
 FINISH_WAIT_S = 10.0
+# Closed runs remembered (as aborted) for their late calls: far more than run at once.
+CLOSED_KEPT = 1000
 
 
 # One thread, no method that blocks: Ray runs a single-threaded actor's calls in the order each
 # caller sent them, which the stop's methods rely on (a threaded actor's need not be).
 @ray.remote(num_cpus=0)
 class JobControl:
-    """Rank 0's reports on their way to the agent; a stop flag the training loop polls every
-    step (a few ms of Ray round trip); and the run's Ray Train controller, to abort the run
-    while no loop polls yet (``abort``)."""
+    """Per run: rank 0's reports on their way to the agent; a stop flag the training loop
+    polls every step (a few ms of Ray round trip); and the run's Ray Train controller, to abort
+    the run while no loop polls yet (``abort``)."""
 
     def __init__(self) -> None:
-        self._reports: deque[Report] = deque()
-        self._mode = 0
-        self._controller: Any = None
-        self._placement_groups: list[Any] = []
-        self._group_starting = False
-        self._aborted = False
+        self._runs: dict[str, _Run] = {}
+        # Runs closed lately, as aborted: an aborted run's controller may still be starting
+        # after the agent let go, and is killed when it calls in.
+        self._closed: OrderedDict[str, _Run] = OrderedDict()
 
-    def put(self, report: Report) -> None:
+    def _run(self, key: str) -> _Run:
+        if (closed := self._closed.get(key)) is not None:
+            return closed
+        # A run's first call makes its state.
+        return self._runs.setdefault(key, _Run())
+
+    def put(self, key: str, report: Report) -> None:
         """Queue a report for the agent; dropped when ``QUEUE_SIZE`` wait already."""
-        if len(self._reports) < QUEUE_SIZE:
-            self._reports.append(report)
+        reports = self._run(key).reports
+        if len(reports) < QUEUE_SIZE:
+            reports.append(report)
 
-    def take(self) -> list[Report]:
+    def take(self, key: str) -> list[Report]:
         """Every report queued so far, oldest first."""
-        items = list(self._reports)
-        self._reports.clear()
+        reports = self._run(key).reports
+        items = list(reports)
+        reports.clear()
         return items
 
-    def cancel(self) -> None:
-        self._mode = CANCEL
+    def cancel(self, key: str) -> None:
+        self._run(key).mode = CANCEL
 
-    def set_controller(self, controller: Any) -> None:
+    def release(self, key: str) -> None:
+        run = self._run(key)
+        # A cancel already asked for wins: nothing is to be saved then.
+        run.mode = run.mode or RELEASE
+
+    def stop_mode(self, key: str) -> int:
+        """0 (go on), ``CANCEL`` or ``RELEASE``."""
+        return self._run(key).mode
+
+    def set_controller(self, key: str, controller: Any) -> None:
         """The run's controller says it started (``swarm_trainer.abort``)."""
-        self._controller = controller
-        if self._aborted:  # asked before the controller was there
-            self._kill()
+        run = self._run(key)
+        run.controller = controller
+        if run.aborted:  # asked before the controller was there
+            run.kill()
 
-    def group_starting(self) -> bool:
+    def group_starting(self, key: str) -> bool:
         """The controller is about to create the worker group's placement group: if the run
         was aborted meanwhile (a start that failed and is retried, or an abort before the
         controller was there), it is killed now, before there is a group to leave behind, and
         the answer (True) tells it not to create one while the kill takes effect."""
-        self._group_starting = True
-        if self._aborted:
-            self._kill()
-        return self._aborted
+        run = self._run(key)
+        run.group_starting = True
+        if run.aborted:
+            run.kill()
+        return run.aborted
 
-    def add_placement_group(self, placement_group: Any) -> None:
+    def add_placement_group(self, key: str, placement_group: Any) -> None:
         """The run's worker group started in ``placement_group`` (``swarm_trainer.abort``)."""
-        self._group_starting = False
-        self._placement_groups.append(placement_group)
-        if self._aborted:  # an abort waited for it
-            self._kill()
+        run = self._run(key)
+        run.group_starting = False
+        run.placement_groups.append(placement_group)
+        if run.aborted:  # an abort waited for it
+            run.kill()
 
-    def abort(self) -> None:
+    def abort(self, key: str) -> None:
         """Stop the run now, wherever it is: the controller is killed (and with it the
         ranks, which it owns) now or as soon as it starts.
 
@@ -97,65 +123,127 @@ class JobControl:
         (``group_starting``), as removing it is the only way to give its CPUs back; or
         ``GROUP_START_WAIT_S`` at most. Nobody waits on the kill: the agent has reported the
         stop and let go of the job already."""
-        self._mode, self._aborted = CANCEL, True
-        if self._group_starting:
-            threading.Timer(GROUP_START_WAIT_S, self._kill).start()
+        run = self._run(key)
+        run.mode, run.aborted = CANCEL, True
+        if run.group_starting:
+            threading.Timer(GROUP_START_WAIT_S, run.kill).start()
         else:
-            self._kill()
+            run.kill()
 
-    def _kill(self) -> None:
-        if self._controller is not None:
+    def close(self, key: str) -> None:
+        """The run is over. A controller that shut down by itself removed its group; one that
+        died did not, and nothing else would until the agent exits (Ray Train's own cleaner
+        needs Ray's state API, which a cluster without the dashboard lacks). From now on the
+        run counts as aborted, should anything of it still call in."""
+        run = self._runs.pop(key, None)
+        if run is None:
+            return
+        if not run.group_starting:
+            run.remove_placement_groups()
+        run.mode, run.aborted = CANCEL, True
+        run.reports.clear()
+        self._closed[key] = run
+        while len(self._closed) > CLOSED_KEPT:
+            self._closed.popitem(last=False)
+
+    def open_runs(self) -> int:
+        """How many runs it holds state for that were not closed."""
+        return len(self._runs)
+
+
+class _Run:
+    def __init__(self) -> None:
+        self.reports: deque[Report] = deque()
+        self.mode = 0
+        self.controller: Any = None
+        self.placement_groups: list[Any] = []
+        self.group_starting = False
+        self.aborted = False
+
+    def kill(self) -> None:
+        if self.controller is not None:
             with contextlib.suppress(Exception):  # already dead (a second kill)
-                ray.kill(self._controller, no_restart=True)
-        self._remove_placement_groups()
+                ray.kill(self.controller, no_restart=True)
+        self.remove_placement_groups()
 
-    def _remove_placement_groups(self) -> None:
+    def remove_placement_groups(self) -> None:
         # A killed controller leaves its placement group (a driver-scoped resource) behind.
         from ray.util.placement_group import remove_placement_group
 
-        for placement_group in self._placement_groups:
+        for placement_group in self.placement_groups:
             # Already removed if the controller got to shut down by itself.
             with contextlib.suppress(Exception):
                 remove_placement_group(placement_group)
-        self._placement_groups.clear()
-
-    def finish(self) -> None:
-        """The run is over. A controller that shut down by itself removed its group; one that
-        died did not, and nothing else would until the agent exits (Ray Train's own cleaner
-        needs Ray's state API, which a cluster without the dashboard lacks)."""
-        if not self._group_starting:
-            self._remove_placement_groups()
-
-    def release(self) -> None:
-        # A cancel already asked for wins: nothing is to be saved then.
-        self._mode = self._mode or RELEASE
-
-    def cancelled(self) -> bool:
-        return self._mode != 0
-
-    def stop_mode(self) -> int:
-        """0 (go on), ``CANCEL`` or ``RELEASE``."""
-        return self._mode
+        self.placement_groups.clear()
 
 
-def make_control() -> Any:
-    """The ``JobControl`` actor of one run, in the local Ray cluster."""
-    return JobControl.remote()  # type: ignore[attr-defined]
+@dataclass(frozen=True)
+class RunControl:
+    """One run's end of the agent's ``JobControl``: each method sends the call (with the
+    run's key) and returns its ``ObjectRef``."""
+
+    actor: Any
+    key: str
+
+    def put(self, report: Report) -> Any:
+        return self.actor.put.remote(self.key, report)
+
+    def take(self) -> Any:
+        return self.actor.take.remote(self.key)
+
+    def cancel(self) -> Any:
+        return self.actor.cancel.remote(self.key)
+
+    def release(self) -> Any:
+        return self.actor.release.remote(self.key)
+
+    def stop_mode(self) -> Any:
+        return self.actor.stop_mode.remote(self.key)
+
+    def set_controller(self, controller: Any) -> Any:
+        return self.actor.set_controller.remote(self.key, controller)
+
+    def group_starting(self) -> Any:
+        return self.actor.group_starting.remote(self.key)
+
+    def add_placement_group(self, placement_group: Any) -> Any:
+        return self.actor.add_placement_group.remote(self.key, placement_group)
+
+    def abort(self) -> Any:
+        return self.actor.abort.remote(self.key)
+
+    def close(self) -> Any:
+        return self.actor.close.remote(self.key)
 
 
-def drain(control: Any, wait_s: float) -> list[Report]:
+# This process's JobControl, and the Ray cluster it lives in (a new cluster needs a new one).
+_actor: tuple[str, Any] | None = None
+_actor_lock = threading.Lock()
+
+
+def make_control() -> RunControl:
+    """A new run's control, on this process's ``JobControl`` (started with the first run)."""
+    global _actor
+    cluster = ray.get_runtime_context().gcs_address
+    with _actor_lock:
+        if _actor is None or _actor[0] != cluster:
+            _actor = (cluster, JobControl.remote())  # type: ignore[attr-defined]
+        actor = _actor[1]
+    return RunControl(actor, uuid.uuid4().hex)
+
+
+def drain(control: RunControl, wait_s: float) -> list[Report]:
     """Everything rank 0 has sent so far, waiting up to ``wait_s`` for the first report."""
     deadline = time.monotonic() + wait_s
     while True:
-        reports: list[Report] = ray.get(control.take.remote())
+        reports: list[Report] = ray.get(control.take())
         if reports or time.monotonic() >= deadline:
             return reports
         time.sleep(min(TAKE_POLL_S, max(0.0, deadline - time.monotonic())))
 
 
-def close_control(control: Any) -> None:
-    """Kill the run's ``JobControl``, once the run is over, after it removed what the run's
-    controller may have left."""
+def close_control(control: RunControl) -> None:
+    """Forget a run that is over, once ``JobControl`` removed what its controller may have
+    left."""
     with contextlib.suppress(Exception):
-        ray.get(control.finish.remote(), timeout=FINISH_WAIT_S)
-    ray.kill(control)
+        ray.get(control.close(), timeout=FINISH_WAIT_S)

@@ -24,7 +24,7 @@ class Reporter:
             return
         # Waited for (a few ms): the reports arrive in order, and rank 0 cannot outrun the
         # agent by more than the queue.
-        ray.get(self.control.put.remote(report))
+        ray.get(self.control.put(report))
 
     def cancelled(self, device: torch.device) -> bool:
         return self.stop_mode(device) != 0
@@ -34,5 +34,5 @@ class Reporter:
         gets its answer, so all stop on one step (the other ranks add 0)."""
         mode = 0.0
         if self.control is not None and self.rank == 0:
-            mode = float(ray.get(self.control.stop_mode.remote()))
+            mode = float(ray.get(self.control.stop_mode()))
         return int(all_reduce_sum([mode], device)[0]) if dist.is_initialized() else int(mode)

@@ -1,4 +1,4 @@
-"""What rank 0 tells the agent while a run goes on, through the job's ``JobControl`` actor
+"""What rank 0 tells the agent while a run goes on, through the agent's ``JobControl`` actor
 (what a finished run measured goes through the store: ``train_state.TrainMetrics``).
 
 The reports are advisory (the agent turns them into job events, spans and metrics; a dropped
