@@ -4,7 +4,7 @@ SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.swarm-installed
-PACKAGES := libs/common/contracts libs/common/runtime services/scheduler services/registry services/telemetry services/gateway services/trainer services/sweeps services/inference sdk
+PACKAGES := libs/common/contracts libs/common/runtime libs/generation services/scheduler services/registry services/telemetry services/gateway services/trainer services/sweeps services/inference sdk
 PYPROJECTS := $(addsuffix /pyproject.toml,$(PACKAGES)) requirements-dev.txt services/trainer/constraints.txt
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 

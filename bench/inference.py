@@ -131,7 +131,7 @@ async def run_engine(
     batched: bool,
     json_schema: dict[str, Any] | None = None,
 ) -> Run:
-    from swarm_inference.sampling import SamplingParams
+    from swarm_generation.sampling import SamplingParams
 
     params = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True)
     latencies: list[float] = []

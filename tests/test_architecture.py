@@ -3,7 +3,9 @@
 * Services talk over NATS only: no service imports another.
 * ``swarm_contracts`` is pydantic and the standard library only; the SDK and every service
   depend on it. ``swarm_runtime`` (broker, store, telemetry, settings) is for services only.
-* Heavy ML (torch, ray, peft, transformers, ...) only in the trainer and inference services.
+* Heavy ML (torch, ray, peft, transformers, ...) only in the trainer and inference services,
+  and in ``swarm_generation`` (``libs/generation``: the batched generation both of them run),
+  which only they depend on and which imports torch and transformers and nothing of Swarm's.
 * The SDK imports the contracts and nothing of the services' runtime, and ``pip install``
   of it brings none of the runtime's packages (checked in a fresh virtual environment).
 * Every package imports only what its own pyproject brings (its requirements and theirs).
@@ -39,6 +41,7 @@ from swarm_runtime.settings import Settings
 ROOT = Path(__file__).resolve().parents[1]
 SERVICES = sorted(p.parent.name for p in (ROOT / "services").glob("*/pyproject.toml"))
 ML_SERVICES = {"trainer", "inference"}
+GENERATION = "libs/generation"
 HEAVY = {"torch", "ray", "peft", "transformers", "bitsandbytes", "liger_kernel", "vllm"}
 # What the services' runtime brings; none of it may come with the SDK.
 RUNTIME_DISTRIBUTIONS = {
@@ -51,6 +54,7 @@ RUNTIME_DISTRIBUTIONS = {
     "prometheus-client",
     "pydantic-settings",
     "swarm-runtime",
+    "swarm-generation",
     "torch",
 }
 
@@ -120,21 +124,39 @@ def test_service_package(name: str) -> None:
     assert (ROOT / "services" / name / f"swarm_{name}" / "__main__.py").is_file()
 
 
-@pytest.mark.parametrize("name", [*SERVICES, "libs/common/contracts", "libs/common/runtime", "sdk"])
+EVERY_PACKAGE = [*SERVICES, "libs/common/contracts", "libs/common/runtime", GENERATION, "sdk"]
+
+
+def _pyproject(name: str) -> Path:
+    return ROOT / (name if "/" in name or name == "sdk" else f"services/{name}") / "pyproject.toml"
+
+
+@pytest.mark.parametrize("name", EVERY_PACKAGE)
 def test_only_ml_services_depend_on_heavy_ml(name: str) -> None:
-    base = ROOT / (name if "/" in name or name == "sdk" else f"services/{name}")
-    names = {n.replace("-", "_") for n in requirement_names(base / "pyproject.toml")}
-    if name in ML_SERVICES:
+    names = {n.replace("-", "_") for n in requirement_names(_pyproject(name))}
+    if name in ML_SERVICES or name == GENERATION:
         assert names & HEAVY, f"{name} should declare what it imports of {HEAVY}"
     else:
         assert not names & HEAVY, f"{name} must stay light but depends on {names & HEAVY}"
 
 
-def test_shared_code_lives_under_libs_common() -> None:
-    """The design's layout: the two shared packages, and no other, under ``libs/common/``."""
+@pytest.mark.parametrize("name", EVERY_PACKAGE)
+def test_only_ml_services_depend_on_the_generation_lib(name: str) -> None:
+    """``swarm_generation`` brings torch and transformers: the trainer and the inference
+    service depend on it, the scheduler, gateway, SDK and the rest must not."""
+    depends = "swarm-generation" in requirement_names(_pyproject(name))
+    if name in ML_SERVICES:
+        assert depends, f"{name} imports swarm_generation: its pyproject must list it"
+    else:
+        assert not depends, f"{name} must stay light but depends on swarm-generation"
+
+
+def test_shared_code_lives_under_libs() -> None:
+    """The design's layout: the two packages every service shares under ``libs/common/``,
+    and the ML services' batched generation in ``libs/generation/``; no other."""
     libs = ROOT / "libs"
     packages = sorted(str(p.parent.relative_to(libs)) for p in libs.glob("**/pyproject.toml"))
-    assert packages == ["common/contracts", "common/runtime"]
+    assert packages == ["common/contracts", "common/runtime", "generation"]
 
 
 def test_contracts_depend_on_pydantic_only() -> None:
@@ -165,7 +187,7 @@ def test_services_do_not_import_each_other(name: str) -> None:
 
 @pytest.mark.parametrize("name", [s for s in SERVICES if s not in ML_SERVICES])
 def test_light_services_import_no_heavy_ml(name: str) -> None:
-    bad = offending(ROOT / "services" / name, HEAVY)
+    bad = offending(ROOT / "services" / name, HEAVY | {"swarm_generation"})
     assert not bad, f"only {sorted(ML_SERVICES)} may import {sorted(HEAVY)}: {bad}"
 
 
@@ -180,13 +202,24 @@ def test_contracts_import_pydantic_and_the_standard_library_only() -> None:
 
 
 def test_runtime_imports_no_service_and_no_heavy_ml() -> None:
-    forbidden = {f"swarm_{s}" for s in SERVICES} | HEAVY | {"swarm"}
+    forbidden = {f"swarm_{s}" for s in SERVICES} | HEAVY | {"swarm", "swarm_generation"}
     bad = offending(ROOT / "libs" / "common" / "runtime", forbidden)
     assert not bad, bad
 
 
+def test_generation_imports_torch_transformers_and_the_standard_library_only() -> None:
+    """No service, no runtime, no contracts: a model and a tokenizer in, tokens and text out."""
+    allowed = set(sys.stdlib_module_names) | {"torch", "transformers", "swarm_generation"}
+    bad = {
+        path: sorted(mods - allowed - {"__future__"})
+        for path, mods in imported_modules(ROOT / GENERATION).items()
+        if mods - allowed - {"__future__"}
+    }
+    assert not bad, f"swarm_generation is torch and transformers only: {bad}"
+
+
 def test_sdk_imports_neither_runtime_nor_services() -> None:
-    forbidden = {f"swarm_{s}" for s in SERVICES} | HEAVY | {"swarm_runtime"}
+    forbidden = {f"swarm_{s}" for s in SERVICES} | HEAVY | {"swarm_runtime", "swarm_generation"}
     # The runtime's own third-party packages too: they would not be installed.
     forbidden |= {"faststream", "nats", "minio", "opentelemetry", "prometheus_client"}
     bad = offending(ROOT / "sdk", forbidden)
@@ -252,6 +285,7 @@ PACKAGES = [
     *(ROOT / "services" / s / f"swarm_{s}" for s in SERVICES),
     ROOT / "libs" / "common" / "contracts" / "swarm_contracts",
     ROOT / "libs" / "common" / "runtime" / "swarm_runtime",
+    ROOT / GENERATION / "swarm_generation",
     ROOT / "sdk" / "swarm",
 ]
 
@@ -337,7 +371,7 @@ def test_an_import_circle_is_found() -> None:
 # Job events and job states share names (an event is often named for the state it leaves).
 LIFECYCLE_NAMES = frozenset(JOB_EVENTS) | {s.value for s in JobState}
 # Everything but the contracts, which say it, and the tests, which check it.
-MEANING_USERS = ("services", "sdk", "libs/common/runtime", "tools", "bench")
+MEANING_USERS = ("services", "sdk", "libs/common/runtime", GENERATION, "tools", "bench")
 JS_STRING_LIST = re.compile(
     r"""\[\s*((?:"[^"]*"|'[^']*')(?:\s*,\s*(?:"[^"]*"|'[^']*'))+)\s*,?\s*\]"""
 )

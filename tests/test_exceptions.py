@@ -19,6 +19,7 @@ import pytest
 PACKAGES = (
     "swarm_contracts",
     "swarm_runtime",
+    "swarm_generation",
     "swarm_scheduler",
     "swarm_registry",
     "swarm_telemetry",

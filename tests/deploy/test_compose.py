@@ -316,6 +316,9 @@ def test_dockerfile(name: str) -> None:
     copies = " ".join(args for word, args in instructions if word in ("COPY", "ADD"))
     others = [o for o in SERVICES if o != name and f"services/{o}" in copies]
     assert not others, f"{name}'s image copies other services: {others}"
+    # The batched generation (torch, transformers) goes into the ML services' images only.
+    generation = "libs/generation" in copies and "./libs/generation" in install
+    assert generation == (name in ML_SERVICES), f"{name}: libs/generation in its image"
 
     users = [args for word, args in instructions if word == "USER"]
     assert users, "must run as a non-root user"

@@ -13,6 +13,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from swarm_generation.sampling import SamplingParams
 from swarm_inference.adapter_cache import AdapterCache
 from swarm_inference.adapter_files import AdapterError, AdapterSource, digests_of, read_adapter
 from swarm_inference.base_model import load_base_model
@@ -23,7 +24,6 @@ from swarm_inference.engine import (
     Piece,
 )
 from swarm_inference.lora_slots import LoraSlots
-from swarm_inference.sampling import SamplingParams
 
 PROMPTS = [
     "The quick brown",

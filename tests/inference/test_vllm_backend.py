@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
+from swarm_generation.sampling import SamplingParams
 from swarm_inference.engine import Engine
-from swarm_inference.sampling import SamplingParams
 from swarm_inference.vllm_backend import BackendUnavailable, VllmEngine, unavailable_reason
 
 REASON = unavailable_reason()

@@ -9,11 +9,13 @@ joins the running batch between two decode steps, never waiting for the batch to
 When the engine is idle, the first request waits up to ``max_wait_s`` for company, so that
 a burst is prefilled as one batch.
 
+The batch itself (prefill, splicing, decode steps, token choice, detokenising) is
+``swarm_generation.batch.RunningBatch``, which the trainer's task evals generate with too;
+what is the engine's own is the thread, admission with adapter slots, constrained decoding
+and delivering pieces to the asyncio side.
+
 The asyncio side (``generate``) gets its pieces through ``loop.call_soon_threadsafe``;
 leaving the iterator early cancels the request at the next step.
-
-Long because: admission, prefill, splicing, decoding and release all act on the one batch the
-model's thread owns, and are read together.
 """
 
 from __future__ import annotations
@@ -31,13 +33,13 @@ from typing import Any
 import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
+from swarm_generation.batch import Row, RunningBatch, encode_prompt, model_logits, row_fields
+from swarm_generation.kv_batch import check_cache_support
+from swarm_generation.sampling import SamplingParams
 from swarm_inference.adapter_cache import AdapterCache
 from swarm_inference.adapter_files import AdapterError, AdapterSource
 from swarm_inference.json_format import JsonConstraint, JsonFormatError, JsonVocabulary
-from swarm_inference.kv_batch import KvBatch, check_cache_support
 from swarm_inference.lora_slots import BASE_SLOT, LoraSlots
-from swarm_inference.sampling import SamplingParams, generator_for, next_tokens
-from swarm_inference.text_stream import IncrementalDetokenizer, StopStrings
 
 log = logging.getLogger(__name__)
 
@@ -62,16 +64,6 @@ class AdapterUnavailable(EngineError):
 
 class EngineStopped(EngineError):
     code = "engine_stopped"
-
-
-def encode_prompt(tokenizer: PreTrainedTokenizerBase, prompt: str) -> list[int]:
-    """Prompt text to ids the way the trainer encodes examples: BOS (if the tokenizer has one
-    and the text does not already start with it), then the text without specials."""
-    ids: list[int] = tokenizer.encode(prompt, add_special_tokens=False)
-    bos = tokenizer.bos_token_id
-    if bos is not None and (not ids or ids[0] != bos):
-        ids.insert(0, bos)
-    return ids
 
 
 def check_prompt(prompt_ids: list[int], params: SamplingParams, max_context: int | None) -> None:
@@ -117,27 +109,37 @@ class EngineStats:
 _Sink = Callable[[list[tuple["_Sequence", Piece | BaseException]]], None]
 
 
-@dataclass(eq=False)
-class _Sequence:
-    prompt_ids: list[int]
-    params: SamplingParams
+@dataclass(eq=False, kw_only=True)
+class _Sequence(Row):
+    """A request's row: who waits for it, its adapter and its constraint."""
+
     adapter: AdapterSource | None
     loop: asyncio.AbstractEventLoop
     queue: asyncio.Queue[Piece | BaseException]
-    detokenizer: IncrementalDetokenizer
-    stops: StopStrings
-    generator: torch.Generator | None
     constraint: JsonConstraint | None = None
     id: int = 0
     slot: int = BASE_SLOT
-    generated: int = 0
-    next_token: int = -1
-    tokens: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    prompt_logprobs: list[float] | None = None
-    aborted: bool = False
-    done: bool = False
     arrived: float = field(default_factory=time.monotonic)
+
+    def accept(self, token: int, logprob: float | None, eos: Collection[int]) -> str:
+        if self.constraint is not None:
+            self.constraint.advance(token)
+        return super().accept(token, logprob, eos)
+
+    def piece(self, text: str) -> Piece:
+        if self.finish_reason is None:
+            return Piece(text, self.generated, len(self.prompt_ids))
+        return Piece(
+            text,
+            self.generated,
+            len(self.prompt_ids),
+            finish_reason=self.finish_reason,
+            tokens=tuple(self.tokens),
+            logprobs=tuple(self.logprobs) if self.params.logprobs else None,
+            prompt_logprobs=(
+                tuple(self.prompt_logprobs) if self.prompt_logprobs is not None else None
+            ),
+        )
 
 
 class Engine:
@@ -162,22 +164,31 @@ class Engine:
         self.max_context = max_context or getattr(model.config, "max_position_embeddings", None)
         self.lora = LoraSlots(model, adapter_slots)
         self.adapters = AdapterCache(self.lora)
-        self.eos_ids = _eos_ids(model, tokenizer)
-        self.pad_id = _pad_id(model, tokenizer)
-        self.json_vocabulary = JsonVocabulary(tokenizer, self.eos_ids)
 
         self._lock = threading.Condition()
         self._incoming: deque[_Sequence] = deque()
         self._queue: deque[_Sequence] = deque()  # engine thread only, from here down
-        self._rows: list[_Sequence] = []
-        self._kv: KvBatch | None = None
+        # Constrained rows whose constraint failed at the last token choice.
+        self._refused: list[tuple[_Sequence, Piece | BaseException]] = []
+        self._batch: RunningBatch[_Sequence] = RunningBatch(
+            model, tokenizer, self.device, forward=self._forward, allowed=self._allowed
+        )
+        self.eos_ids = self._batch.eos_ids
+        self.pad_id = self._batch.pad_id
+        self.json_vocabulary = JsonVocabulary(tokenizer, self.eos_ids)
         self._ids = itertools.count(1)
         self._stopping = False
         self._thread: threading.Thread | None = None
-        self.steps = 0
-        self.generated_tokens = 0
         # Forward passes whose rows used different adapters (or adapters and the base model).
         self.mixed_forwards = 0
+
+    @property
+    def steps(self) -> int:
+        return self._batch.steps
+
+    @property
+    def generated_tokens(self) -> int:
+        return self._batch.generated_tokens
 
     # --- lifecycle -------------------------------------------------------------------------
     def start(self) -> Engine:
@@ -204,7 +215,7 @@ class Engine:
         with self._lock:
             queued = len(self._incoming) + len(self._queue)
         return EngineStats(
-            running=len(self._rows),
+            running=len(self._batch.rows),
             queued=queued,
             adapters_loaded=self.adapters.loaded(),
             free_slots=self.adapters.free_slots(),
@@ -240,14 +251,10 @@ class Engine:
             except JsonFormatError as exc:
                 raise InvalidRequest(str(exc)) from exc
         seq = _Sequence(
-            prompt_ids=list(prompt_ids),
-            params=params,
+            **row_fields(self.tokenizer, prompt_ids, params),
             adapter=adapter,
             loop=asyncio.get_running_loop(),
             queue=asyncio.Queue(),
-            detokenizer=IncrementalDetokenizer(self.tokenizer, prompt_ids),
-            stops=StopStrings(params.stop),
-            generator=generator_for(params),
             constraint=constraint,
             id=next(self._ids),
         )
@@ -297,7 +304,7 @@ class Engine:
     def _wait_for_work(self) -> bool:
         """Move arrivals to the queue; block while idle; False when stopping."""
         with self._lock:
-            if not self._rows and not self._queue:
+            if not self._batch.rows and not self._queue:
                 self._lock.wait_for(lambda: self._incoming or self._stopping)
                 if self._incoming and not self._stopping:
                     # Idle: give a burst up to max_wait_s to arrive, so it prefills as one batch.
@@ -315,9 +322,12 @@ class Engine:
         admitted = self._admit()
         out: list[tuple[_Sequence, Piece | BaseException]] = []
         if admitted:
-            self._prefill(admitted, out)
-        if self._rows:
-            self._decode(out)
+            self._pieces(self._batch.prefill(admitted), out)
+            # Rows done at their first token do not decode; every row still going feeds its
+            # pending token.
+            self._retire()
+        if self._batch.rows:
+            self._pieces(self._batch.decode(), out)
         self._retire()
         self._send(out)
 
@@ -329,7 +339,7 @@ class Engine:
             seq = self._queue.popleft()
             if seq.aborted:
                 continue
-            if len(self._rows) + len(admitted) >= self.max_batch_size:
+            if len(self._batch.rows) + len(admitted) >= self.max_batch_size:
                 waiting.append(seq)
                 continue
             if seq.adapter is not None:
@@ -353,143 +363,52 @@ class Engine:
         mask: torch.Tensor,
         positions: torch.Tensor,
         cache: DynamicCache,
-        slots: list[int],
+        rows: list[_Sequence],
         every_position: bool = False,
     ) -> torch.Tensor:
-        """The next token's logits of each row ([rows, vocab]); ``every_position``: of every
-        position ([rows, positions, vocab])."""
+        """The model's logits (``model_logits``) with each row's adapter."""
+        slots = [s.slot for s in rows]
         self.lora.set_rows(slots, self.device)
         if len(set(slots)) > 1:
             self.mixed_forwards += 1
         try:
-            output = self.model(
-                input_ids=ids,
-                attention_mask=mask,
-                position_ids=positions,
-                past_key_values=cache,
-                use_cache=True,
-                logits_to_keep=0 if every_position else 1,
-            )
+            return model_logits(self.model, ids, mask, positions, cache, every_position)
         finally:
             self.lora.rows.index = None
-        return output.logits if every_position else output.logits[:, -1, :]
 
-    def _prefill(
-        self, admitted: list[_Sequence], out: list[tuple[_Sequence, Piece | BaseException]]
-    ) -> None:
-        ids, mask, positions = KvBatch.prefill_inputs(
-            [s.prompt_ids for s in admitted], self.pad_id, self.device
-        )
-        # Rows first: if the forward fails, _fail_all answers these requests too.
-        self._rows.extend(admitted)
-        cache = DynamicCache(config=self.model.config)
-        slots = [s.slot for s in admitted]
-        if any(s.params.prompt_logprobs for s in admitted):
-            every = self._forward(ids, mask, positions, cache, slots, every_position=True)
-            _score_prompts(admitted, every)
-            logits = every[:, -1, :]
-        else:
-            logits = self._forward(ids, mask, positions, cache, slots)
-        batch = KvBatch.from_prefill(cache, mask)
-        if self._kv is None:
-            self._kv = batch
-        else:
-            self._kv.extend(batch)
-        self._sample(admitted, logits, out)
-
-    def _decode(self, out: list[tuple[_Sequence, Piece | BaseException]]) -> None:
-        # Rows admitted this turn already have their first token from the prefill; every row
-        # still going now feeds its pending token.
-        self._retire()
-        if self._kv is None:
-            return
-        mask, positions = self._kv.step_inputs()
-        ids = torch.tensor([[s.next_token] for s in self._rows], device=self.device)
-        logits = self._forward(ids, mask, positions, self._kv.cache, [s.slot for s in self._rows])
-        self.steps += 1
-        self._sample(self._rows, logits, out)
-
-    def _sample(
+    def _pieces(
         self,
-        rows: list[_Sequence],
-        logits: torch.Tensor,
+        taken: list[tuple[_Sequence, str]],
         out: list[tuple[_Sequence, Piece | BaseException]],
     ) -> None:
-        allowed = self._allowed(rows, out) if any(s.constraint is not None for s in rows) else None
-        params = [s.params for s in rows]
-        tokens, logprobs = next_tokens(logits, params, [s.generator for s in rows], allowed)
-        self.generated_tokens += len(tokens)
-        for seq, token, logprob in zip(rows, tokens, logprobs, strict=True):
-            if seq.done:  # its constraint failed just now
-                continue
-            if seq.constraint is not None:
-                seq.constraint.advance(token)
-            seq.next_token = token
-            seq.generated += 1
-            seq.tokens.append(token)
-            if logprob is not None:
-                seq.logprobs.append(logprob)
-            finish: str | None = None
-            stops: Collection[int] | None = seq.params.stop_tokens
-            if stops is None:
-                stops = () if seq.params.ignore_eos else self.eos_ids
-            if token in stops:
-                text = seq.stops.feed(seq.detokenizer.flush()) + seq.stops.finish()
-                finish = "stop"
-            else:
-                text = seq.stops.feed(seq.detokenizer.add(token))
-                if seq.stops.stopped:
-                    finish = "stop"
-                elif seq.generated >= seq.params.max_tokens:
-                    text += seq.stops.feed(seq.detokenizer.flush()) + seq.stops.finish()
-                    finish = "stop" if seq.stops.stopped else "length"
-            if finish is not None:
-                seq.done = True
-                piece = Piece(
-                    text,
-                    seq.generated,
-                    len(seq.prompt_ids),
-                    finish_reason=finish,
-                    tokens=tuple(seq.tokens),
-                    logprobs=tuple(seq.logprobs) if seq.params.logprobs else None,
-                    prompt_logprobs=(
-                        tuple(seq.prompt_logprobs) if seq.prompt_logprobs is not None else None
-                    ),
-                )
-                out.append((seq, piece))
-            elif text:
-                out.append((seq, Piece(text, seq.generated, len(seq.prompt_ids))))
+        """What the rows' new tokens send: the refused rows' errors, the new text, the last
+        piece of each finished row."""
+        out.extend(self._refused)
+        self._refused = []
+        out.extend((seq, seq.piece(text)) for seq, text in taken if text or seq.done)
 
-    def _allowed(
-        self, rows: list[_Sequence], out: list[tuple[_Sequence, Piece | BaseException]]
-    ) -> list[list[int] | None]:
+    def _allowed(self, rows: list[_Sequence]) -> list[list[int] | None] | None:
         """Each row's allowed token ids (None: any). A row whose constraint fails ends with
         the error; the batch goes on."""
+        if all(seq.constraint is None for seq in rows):
+            return None
         allowed: list[list[int] | None] = []
         for seq in rows:
             ids = None
-            if seq.constraint is not None:
+            if seq.constraint is not None and not seq.done:
                 try:
                     ids = seq.constraint.allowed()
                 except JsonFormatError as exc:
                     seq.done = True
-                    out.append((seq, InvalidRequest(str(exc))))
+                    self._refused.append((seq, InvalidRequest(str(exc))))
             allowed.append(ids)
         return allowed
 
     def _retire(self) -> None:
         """Drop rows that finished or whose caller went away; release their adapters."""
-        keep = [i for i, s in enumerate(self._rows) if not (s.done or s.aborted)]
-        if len(keep) == len(self._rows):
-            return
-        for seq in self._rows:
-            if (seq.done or seq.aborted) and seq.adapter is not None:
+        for seq in self._batch.retire():
+            if seq.adapter is not None:
                 self.adapters.release(seq.adapter.key)
-        self._rows = [self._rows[i] for i in keep]
-        if not self._rows:
-            self._kv = None
-        elif self._kv is not None:
-            self._kv.keep(keep)
 
     def _send(self, out: list[tuple[_Sequence, Piece | BaseException]]) -> None:
         by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Sequence, Piece | BaseException]]] = {}
@@ -506,49 +425,15 @@ class Engine:
         with self._lock:
             pending = list(self._incoming)
             self._incoming.clear()
-        victims = [*self._rows, *self._queue, *pending]
-        for seq in self._rows:
+        rows = self._batch.clear()
+        victims = [*rows, *self._queue, *pending]
+        for seq in rows:
             if seq.adapter is not None:
                 self.adapters.release(seq.adapter.key)
-        self._rows, self._queue, self._kv = [], deque(), None
+        self._queue, self._refused = deque(), []
         self._send([(seq, error) for seq in victims if not seq.done])
-
-
-def _score_prompts(rows: list[_Sequence], logits: torch.Tensor) -> None:
-    """Each asking row's prompt tokens' log-probabilities from a left-padded prefill's logits
-    at every position (the logits at position ``p`` predict the token at ``p + 1``)."""
-    width = logits.shape[1]
-    for i, seq in enumerate(rows):
-        if not seq.params.prompt_logprobs:
-            continue
-        n = len(seq.prompt_ids)
-        start = width - n  # the row's first prompt token, after its padding
-        predicted = logits[i, start : width - 1].float().log_softmax(-1)
-        targets = torch.tensor(seq.prompt_ids[1:], device=logits.device)[:, None]
-        scores = predicted.gather(1, targets)[:, 0].tolist()
-        seq.prompt_logprobs = [float("nan"), *scores]
 
 
 def _deliver(items: list[tuple[_Sequence, Piece | BaseException]]) -> None:
     for seq, item in items:
         seq.queue.put_nowait(item)
-
-
-def _eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> set[int]:
-    ids: set[int] = set()
-    for source in (getattr(model, "generation_config", None), model.config):
-        value = getattr(source, "eos_token_id", None) if source is not None else None
-        if isinstance(value, int):
-            ids.add(value)
-        elif isinstance(value, list | tuple):
-            ids.update(int(v) for v in value)
-    if tokenizer.eos_token_id is not None:
-        ids.add(int(tokenizer.eos_token_id))
-    return ids
-
-
-def _pad_id(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> int:
-    for value in (tokenizer.pad_token_id, getattr(model.config, "pad_token_id", None)):
-        if isinstance(value, int):
-            return value
-    return next(iter(_eos_ids(model, tokenizer)), 0)

@@ -23,15 +23,15 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
+from swarm_generation.batch import encode_prompt
+from swarm_generation.sampling import SamplingParams
 from swarm_inference.adapter_files import CONFIG_FILE, WEIGHTS_FILE, AdapterSource, verified
 from swarm_inference.engine import (
     EngineStats,
     InvalidRequest,
     Piece,
     check_prompt,
-    encode_prompt,
 )
-from swarm_inference.sampling import SamplingParams
 
 
 class BackendUnavailable(RuntimeError):

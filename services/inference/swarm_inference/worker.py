@@ -43,6 +43,7 @@ from swarm_contracts.refs import Ref
 from swarm_contracts.registry import GetAdapter, GetModel, ListModels, ModelVersion
 from swarm_contracts.registry_api import GET_ADAPTER, GET_MODEL, LIST_MODELS
 from swarm_contracts.subjects import Subjects
+from swarm_generation.sampling import SamplingParams
 from swarm_inference.adapter_files import CONFIG_FILE, WEIGHTS_FILE, AdapterSource
 from swarm_inference.base_model import load_base_model, pick_device, pick_dtype, render_chat
 from swarm_inference.downloads import fetch_verified
@@ -56,7 +57,6 @@ from swarm_inference.engine import (
 from swarm_inference.json_format import ANY_OBJECT
 from swarm_inference.metrics import InferenceMetrics
 from swarm_inference.replies import Replier
-from swarm_inference.sampling import SamplingParams
 from swarm_inference.settings import InferenceSettings
 from swarm_inference.vllm_backend import VllmEngine
 from swarm_runtime.rpc import Refused, ServiceClient, Unavailable

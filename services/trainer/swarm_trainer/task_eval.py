@@ -3,9 +3,11 @@ what it wrote (``graders``).
 
 The prompt is exactly what training conditioned on (``methods.sft.encode_example``: BOS, then the
 prompt, or the chat turns before the last assistant one and its ``assistant: `` header), so
-the adapter is asked as it was taught. Generation is transformers' ``generate`` with greedy
-decoding over left-padded rows: one well-kept implementation with a KV cache, rather than a
-copy of the inference engine's sampling code.
+the adapter is asked as it was taught. Generation is the inference engine's own batched
+generation (``swarm_generation.batch.generate``: the same prefill, KV-cache splicing, decode
+steps and token choice), run on the in-training PEFT model in memory; a row that ends makes
+room for the next prompt at once. The answer graded is the completion's tokens decoded on
+their own (special tokens dropped), as transformers' ``generate`` and ``decode`` give it.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from typing import Any
 import torch
 
 from swarm_contracts.evals import EvalResult, EvalSample, EvalSpec
+from swarm_generation.batch import generate as batched_generate
+from swarm_generation.sampling import SamplingParams
 from swarm_trainer.data import DatasetError
 from swarm_trainer.graders import grade
 
@@ -76,7 +80,6 @@ def eval_rows(records: Sequence[dict[str, Any]], limit: int) -> list[EvalRow]:
     return rows
 
 
-@torch.no_grad()
 def generate(
     model: Any,
     tokenizer: Any,
@@ -85,40 +88,29 @@ def generate(
     device: torch.device,
     bf16: bool = False,
 ) -> list[str]:
-    """Greedy completions of ``prompts`` (special tokens dropped), ``GENERATE_BATCH`` at a time."""
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    """Greedy completions of ``prompts`` (special tokens dropped), ``GENERATE_BATCH`` rows at a
+    time; each ends at an end-of-sequence token or ``max_new_tokens``."""
+    params = SamplingParams(max_tokens=max_new_tokens, temperature=0.0)
+    # BOS always, as ``methods.sft.encode_segments`` puts it before every example.
     bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
-    outputs: list[str] = []
     was_training = model.training
     model.eval()
     autocast = (
         torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
     )
     try:
-        for start in range(0, len(prompts), GENERATE_BATCH):
-            encoded = [
-                bos + tokenizer.encode(p, add_special_tokens=False)
-                for p in prompts[start : start + GENERATE_BATCH]
-            ]
-            width = max(len(ids) for ids in encoded)
-            # Left-padded, so every row's next token is at the last position.
-            input_ids = torch.tensor([[pad_id] * (width - len(i)) + i for i in encoded])
-            mask = torch.tensor([[0] * (width - len(i)) + [1] * len(i) for i in encoded])
-            with autocast:
-                out = model.generate(
-                    input_ids=input_ids.to(device),
-                    attention_mask=mask.to(device),
-                    max_new_tokens=max_new_tokens,
-                    do_sample=False,
-                    pad_token_id=pad_id,
-                    eos_token_id=tokenizer.eos_token_id,
-                )
-            outputs.extend(
-                tokenizer.decode(row[width:], skip_special_tokens=True) for row in out.cpu()
+        with autocast:
+            completions = batched_generate(
+                model,
+                tokenizer,
+                [bos + tokenizer.encode(p, add_special_tokens=False) for p in prompts],
+                params,
+                device,
+                max_batch_size=GENERATE_BATCH,
             )
     finally:
         model.train(was_training)
-    return outputs
+    return [tokenizer.decode(list(c.tokens), skip_special_tokens=True) for c in completions]
 
 
 def run_evals(

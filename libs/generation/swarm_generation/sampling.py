@@ -3,8 +3,9 @@ nucleus (top_p), and the chosen token's log-probability under the distribution i
 from, for the rows that asked (the Tinker API's sampling: an RL loop compares it with the
 trainer's).
 
-A row may come with the token ids it is allowed (constrained decoding, ``json_format``):
-its other logits are masked before it is chosen, greedy or sampled; other rows are untouched.
+A row may come with the token ids it is allowed (constrained decoding: the inference engine's
+``json_format``): its other logits are masked before it is chosen, greedy or sampled; other
+rows are untouched.
 
 Sampled rows draw from their own seeded ``torch.Generator`` on the CPU, so a request with a
 seed gives the same tokens whatever else shares its batch, and on any device.

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from transformers import AutoTokenizer
 
-from swarm_inference.text_stream import IncrementalDetokenizer, StopStrings
+from swarm_generation.text_stream import IncrementalDetokenizer, StopStrings
 
 
 def test_pieces_never_split_a_utf8_character(tiny_model_dir: Path) -> None:

@@ -17,11 +17,20 @@ from transformers import DynamicCache, PretrainedConfig
 from transformers.cache_utils import DynamicLayer
 
 
-def check_cache_support(config: PretrainedConfig) -> None:
-    """Refuse models whose cache layers are not plain growing ones (sliding windows, linear
-    attention): their caches cannot be padded and spliced like this."""
+def _other_layers(config: PretrainedConfig) -> set[str]:
     cache = DynamicCache(config=config)
-    kinds = {type(layer).__name__ for layer in cache.layers if type(layer) is not DynamicLayer}
+    return {type(layer).__name__ for layer in cache.layers if type(layer) is not DynamicLayer}
+
+
+def cache_splices(config: PretrainedConfig) -> bool:
+    """Whether the model's cache layers are all plain growing ones, which can be padded and
+    spliced like this (not sliding windows, not linear attention)."""
+    return not _other_layers(config)
+
+
+def check_cache_support(config: PretrainedConfig) -> None:
+    """Refuse models whose caches cannot be spliced (``cache_splices``)."""
+    kinds = _other_layers(config)
     if kinds:
         raise ValueError(
             f"the batching engine supports full-attention models only; this one has {kinds}"
@@ -75,12 +84,16 @@ class KvBatch:
         return ids, mask, positions
 
     @classmethod
-    def from_prefill(cls, cache: DynamicCache, mask: torch.Tensor) -> KvBatch:
-        # Padding columns hold whatever the pad token's forward left there; zero them so that
-        # no NaN or inf can leak through a masked (zero-weight) column later.
-        padding = ~mask.bool()[:, None, :, None]
+    def from_prefill(
+        cls, cache: DynamicCache, mask: torch.Tensor, zero_padding: bool = True
+    ) -> KvBatch:
+        """``zero_padding``: padding columns hold whatever the pad token's forward left there;
+        zero them so that no NaN or inf can leak through a masked (zero-weight) column later
+        (only where every layer keeps every column: ``cache_splices``)."""
         batch = cls(cache, mask)
-        batch._apply(lambda t: t.masked_fill(padding, 0.0))
+        if zero_padding:
+            padding = ~mask.bool()[:, None, :, None]
+            batch._apply(lambda t: t.masked_fill(padding, 0.0))
         return batch
 
     def step_inputs(self) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,0 +1,49 @@
+"""Each row's next token: greedy or sampled, seeded, and within the ids a row is allowed."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from swarm_generation.sampling import SamplingParams, generator_for, next_tokens, nucleus, top_k
+
+
+def test_a_row_with_allowed_ids_takes_one_of_them_and_the_others_are_untouched() -> None:
+    logits = torch.tensor([[0.0, 5.0, 1.0, 2.0], [0.0, 5.0, 1.0, 2.0]])
+    greedy = SamplingParams(temperature=0)
+    assert next_tokens(logits, [greedy, greedy], [None, None], [[2, 3], None])[0] == [3, 1]
+    sampled = SamplingParams(temperature=2.0, seed=0)
+    for seed in range(20):
+        generator = torch.Generator().manual_seed(seed)
+        [token], _ = next_tokens(logits[:1], [sampled], [generator], [[0, 2]])
+        assert token in (0, 2)
+
+
+def test_greedy_rows_take_the_argmax_and_their_logprob_when_asked() -> None:
+    logits = torch.tensor([[0.0, 3.0, 1.0], [2.0, 0.0, 1.0]])
+    asked = SamplingParams(temperature=0, logprobs=True)
+    tokens, logprobs = next_tokens(logits, [asked, SamplingParams(temperature=0)], [None, None])
+    assert tokens == [1, 0]
+    assert logprobs[0] == pytest.approx(float(torch.log_softmax(logits[0], -1)[1]))
+    assert logprobs[1] is None
+
+
+def test_a_seeded_row_draws_the_same_tokens_and_top_k_and_top_p_cut_the_tail() -> None:
+    logits = torch.tensor([[1.0, 1.1, 0.9, -5.0]])
+    params = SamplingParams(temperature=1.0, seed=7, top_k=3)
+    draws = [
+        [next_tokens(logits, [params], [generator])[0][0] for _ in range(20)]
+        for generator in (generator_for(params), generator_for(params))
+    ]
+    assert draws[0] == draws[1]
+    assert 3 not in draws[0]
+    assert top_k(logits[0], 1).isinf().sum() == 3
+    assert nucleus(torch.tensor([0.6, 0.3, 0.1]), 0.5).tolist() == pytest.approx([0.6, 0.0, 0.0])
+
+
+@pytest.mark.parametrize(
+    "bad", [{"max_tokens": 0}, {"temperature": -1.0}, {"top_p": 0.0}, {"top_k": 0}]
+)
+def test_settings_out_of_range_are_refused(bad: dict[str, float]) -> None:
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        SamplingParams(**bad)  # type: ignore[arg-type]
