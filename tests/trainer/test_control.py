@@ -44,6 +44,19 @@ def test_runs_share_one_actor_and_keep_their_reports_and_stops_apart() -> None:
 
 
 @pytest.mark.usefixtures("ray_cluster")
+def test_a_dead_job_control_is_replaced_for_the_next_run() -> None:
+    import ray
+
+    dead = make_control()
+    ray.kill(dead.actor)
+    control = make_control()
+    assert control.actor._actor_id != dead.actor._actor_id
+    ray.get(control.put(Started(resumed_from_step=5)))
+    assert [r.resumed_from_step for r in drain(control, 0.0)] == [5]
+    close_control(control)
+
+
+@pytest.mark.usefixtures("ray_cluster")
 def test_a_dead_controller_s_placement_group_is_removed_when_the_run_is_closed() -> None:
     import ray
     from ray.util.placement_group import placement_group

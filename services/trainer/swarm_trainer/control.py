@@ -39,6 +39,8 @@ RELEASE = 2
 # Ray Train's own 60 s for the placement group alone.
 GROUP_START_WAIT_S = 300.0
 FINISH_WAIT_S = 10.0
+# How long ``make_control`` waits for the agent's JobControl to answer before starting another.
+ALIVE_WAIT_S = 10.0
 # Closed runs remembered (as aborted) for their late calls: far more than run at once.
 CLOSED_KEPT = 1000
 
@@ -222,14 +224,25 @@ _actor_lock = threading.Lock()
 
 
 def make_control() -> RunControl:
-    """A new run's control, on this process's ``JobControl`` (started with the first run)."""
+    """A new run's control, on this process's ``JobControl``: started with the first run, and
+    again should it have died (one dead actor must not fail every later run)."""
     global _actor
     cluster = ray.get_runtime_context().gcs_address
     with _actor_lock:
-        if _actor is None or _actor[0] != cluster:
+        if _actor is None or _actor[0] != cluster or not _answers(_actor[1]):
             _actor = (cluster, JobControl.remote())  # type: ignore[attr-defined]
         actor = _actor[1]
     return RunControl(actor, uuid.uuid4().hex)
+
+
+def _answers(actor: Any) -> bool:
+    # A live one answers in milliseconds; one too busy to answer in time is left to the runs
+    # it has (a second actor costs a process, not correctness).
+    try:
+        ray.get(actor.open_runs.remote(), timeout=ALIVE_WAIT_S)
+        return True
+    except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+        return False
 
 
 def drain(control: RunControl, wait_s: float) -> list[Report]:
