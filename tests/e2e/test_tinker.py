@@ -174,9 +174,45 @@ def test_the_stock_sdk_samples_its_trained_weights_through_the_inference_service
     assert chat.choices[0].finish_reason in ("stop", "length")
     assert stack.client.get_adapter(adapter).lineage.dataset == f"tinker:{training.model_id}"
 
+    # Top-k: each prompt position's and each sampled token's 3 likeliest, best first.
+    topk = sampler.sample(
+        prompt,
+        1,
+        greedy,
+        include_prompt_logprobs=True,
+        topk_prompt_logprobs=3,
+        topk_sample_logprobs=3,
+    ).result(timeout=120)
+    assert topk.topk_prompt_logprobs is not None
+    assert topk.prompt_logprobs is not None
+    assert len(topk.topk_prompt_logprobs) == 6
+    assert topk.topk_prompt_logprobs[0] is None
+    for token, logprob, top in zip(
+        TOKENS[1:6], topk.prompt_logprobs[1:], topk.topk_prompt_logprobs[1:], strict=True
+    ):
+        assert top is not None
+        assert len(top) == 3
+        assert [v for _, v in top] == sorted((v for _, v in top), reverse=True)
+        if token in dict(top):  # the prompt's token among them: its own log-probability
+            assert dict(top)[token] == pytest.approx(logprob, abs=1e-5)
+    sequence = topk.sequences[0]
+    assert sequence.tokens == tokens
+    assert sequence.topk_logprobs is not None
+    assert sequence.logprobs is not None
+    assert len(sequence.topk_logprobs) == len(tokens)
+    for token, logprob, top in zip(tokens, sequence.logprobs, sequence.topk_logprobs, strict=True):
+        assert top is not None
+        assert len(top) == 3
+        assert top[0] == (token, pytest.approx(logprob, abs=1e-5))  # greedy: the best one
+        assert sum(np.exp(v) for _, v in top) <= 1 + 1e-5
+
     # Bad input: a clear error naming the field.
-    with pytest.raises(tinker.BadRequestError, match="topk_prompt_logprobs"):
-        sampler.sample(prompt, 1, greedy, topk_prompt_logprobs=2).result(timeout=60)
+    with pytest.raises(tinker.BadRequestError, match="topk_sample_logprobs"):
+        sampler.sample(prompt, 1, greedy, topk_sample_logprobs=21).result(timeout=60)
+    with pytest.raises(tinker.BadRequestError, match="prompt_logprobs_last_n"):
+        sampler.sample(
+            prompt, 1, greedy, include_prompt_logprobs=True, prompt_logprobs_last_n=2
+        ).result(timeout=60)
     with pytest.raises(tinker.BadRequestError, match="temperature"):
         sampler.sample(
             prompt, num_samples=1, sampling_params=types.SamplingParams(temperature=9.0)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -15,17 +17,47 @@ def test_a_row_with_allowed_ids_takes_one_of_them_and_the_others_are_untouched()
     sampled = SamplingParams(temperature=2.0, seed=0)
     for seed in range(20):
         generator = torch.Generator().manual_seed(seed)
-        [token], _ = next_tokens(logits[:1], [sampled], [generator], [[0, 2]])
+        [token], _, _ = next_tokens(logits[:1], [sampled], [generator], [[0, 2]])
         assert token in (0, 2)
 
 
 def test_greedy_rows_take_the_argmax_and_their_logprob_when_asked() -> None:
     logits = torch.tensor([[0.0, 3.0, 1.0], [2.0, 0.0, 1.0]])
     asked = SamplingParams(temperature=0, logprobs=True)
-    tokens, logprobs = next_tokens(logits, [asked, SamplingParams(temperature=0)], [None, None])
+    tokens, logprobs, tops = next_tokens(
+        logits, [asked, SamplingParams(temperature=0)], [None, None]
+    )
     assert tokens == [1, 0]
     assert logprobs[0] == pytest.approx(float(torch.log_softmax(logits[0], -1)[1]))
     assert logprobs[1] is None
+    assert tops == [None, None]  # nobody asked for alternatives
+
+
+def test_alternatives_are_the_k_likeliest_under_the_drawing_distribution() -> None:
+    logits = torch.tensor([[0.0, 3.0, 1.0, 2.0], [2.0, 0.0, 1.0, -1.0], [0.0, 5.0, 1.0, 2.0]])
+    greedy = SamplingParams(temperature=0, logprobs=True, top_logprobs=3)
+    hot = SamplingParams(temperature=2.0, seed=0, logprobs=True, top_logprobs=2)
+    constrained = SamplingParams(temperature=0, logprobs=True, top_logprobs=3)
+    params = [greedy, hot, constrained]
+    generators = [generator_for(p) for p in params]
+    tokens, logprobs, tops = next_tokens(logits, params, generators, [None, None, [0, 2]])
+    # Greedy: the best alternative is the token taken, with the token's own logprob.
+    assert tops[0] is not None
+    assert [t for t, _ in tops[0]] == [1, 3, 2]
+    assert tops[0][0] == (tokens[0], pytest.approx(logprobs[0]))
+    # Sampled: under the temperature-scaled softmax the token was drawn from.
+    scaled = torch.log_softmax(logits[1] / 2.0, -1)
+    assert tops[1] == [(0, pytest.approx(float(scaled[0]))), (2, pytest.approx(float(scaled[2])))]
+    assert logprobs[1] == pytest.approx(float(scaled[tokens[1]]))
+    # Constrained: the masked tokens are no alternatives (fewer than asked).
+    assert tops[2] is not None
+    assert [t for t, _ in tops[2]] == [2, 0]
+    assert tops[2][0] == (tokens[2], pytest.approx(logprobs[2]))
+    for top in tops:
+        assert top is not None
+        values = [v for _, v in top]
+        assert values == sorted(values, reverse=True)
+        assert sum(math.exp(v) for v in values) <= 1 + 1e-6
 
 
 def test_a_seeded_row_draws_the_same_tokens_and_top_k_and_top_p_cut_the_tail() -> None:

@@ -173,7 +173,15 @@ async def test_token_level_requests_get_their_tokens_logprobs_and_stop_tokens(
 
     # Prompt log-probabilities, from a prefill shared by prompts of other lengths (padded).
     short, long = engine.encode(PROMPTS[2]), engine.encode(PROMPTS[1])
-    asked = SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=True)
+    # With them, the k most likely tokens at each prompt position and each generated one.
+    asked = SamplingParams(
+        max_tokens=3,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=3,
+        prompt_logprobs=True,
+        prompt_top_logprobs=3,
+    )
     scored = await asyncio.gather(*(engine.complete(p, asked) for p in (short, long)))
     for prompt, piece in zip((short, long), scored, strict=True):
         assert piece.prompt_logprobs is not None
@@ -183,6 +191,28 @@ async def test_token_level_requests_get_their_tokens_logprobs_and_stop_tokens(
             every = model(torch.tensor([prompt])).logits[0].float().log_softmax(-1)
         expected = every[:-1].gather(1, torch.tensor(prompt[1:])[:, None])[:, 0]
         assert torch.allclose(torch.tensor(piece.prompt_logprobs[1:]), expected, atol=1e-4)
+        top = piece.prompt_top_logprobs
+        assert top is not None
+        assert len(top) == len(prompt)
+        assert top[0] is None
+        for i, position in enumerate(top[1:]):
+            assert position is not None
+            values = torch.tensor([v for _, v in position])
+            assert torch.allclose(values, every[i].topk(3).values, atol=1e-4)
+            scores = dict(position)
+            if prompt[i + 1] in scores:  # the actual token among them: the same score
+                assert scores[prompt[i + 1]] == pytest.approx(piece.prompt_logprobs[i + 1])
+        # Greedy: each token is its position's best, with its own log-probability.
+        assert piece.logprobs is not None
+        assert piece.top_logprobs is not None
+        assert len(piece.top_logprobs) == len(piece.tokens) == 3
+        for token, logprob, alternatives in zip(
+            piece.tokens, piece.logprobs, piece.top_logprobs, strict=True
+        ):
+            assert len(alternatives) == 3
+            assert alternatives[0] == (token, pytest.approx(logprob))
+            values = [v for _, v in alternatives]
+            assert values == sorted(values, reverse=True)
 
 
 async def test_seeded_sampling_is_reproducible_in_any_batch(engine: Engine, sources: dict) -> None:

@@ -26,7 +26,7 @@ import torch
 from transformers import DynamicCache, PreTrainedTokenizerBase
 
 from swarm_generation.kv_batch import KvBatch, cache_splices
-from swarm_generation.sampling import SamplingParams, generator_for, next_tokens
+from swarm_generation.sampling import Alternatives, SamplingParams, generator_for, next_tokens
 from swarm_generation.text_stream import IncrementalDetokenizer, StopStrings
 
 # (input_ids, attention_mask, position_ids, cache, rows, every_position) -> logits
@@ -78,8 +78,13 @@ class Row:
     next_token: int = -1
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    # When asked (params.top_logprobs): each generated token's most likely alternatives.
+    top_logprobs: list[Alternatives] = field(default_factory=list)
     # When asked: each prompt token's log-probability (the first has none: NaN).
     prompt_logprobs: list[float] | None = None
+    # When asked (params.prompt_top_logprobs): each prompt position's most likely tokens
+    # (the first has none: None).
+    prompt_top_logprobs: list[Alternatives | None] | None = None
     finish_reason: str | None = None  # "stop" or "length" once done
     done: bool = False
     aborted: bool = False  # nobody waits for it any more: it leaves at the next step
@@ -190,7 +195,7 @@ class RunningBatch(Generic[R]):
         # Rows first: if the forward fails, whoever fails the batch finds these too.
         self.rows.extend(admitted)
         cache = DynamicCache(config=self.model.config)
-        if any(r.params.prompt_logprobs for r in admitted):
+        if any(scores_prompt(r.params) for r in admitted):
             every = self.forward(ids, mask, positions, cache, admitted, every_position=True)
             score_prompts(admitted, every)
             logits = every[:, -1, :]
@@ -218,12 +223,14 @@ class RunningBatch(Generic[R]):
         """Each row's next token from its logits; (row, new text) of the rows that took one."""
         allowed = self.allowed(rows)
         params = [r.params for r in rows]
-        tokens, logprobs = next_tokens(logits, params, [r.generator for r in rows], allowed)
-        taken = [
-            (row, row.accept(token, logprob, self.eos_ids))
-            for row, token, logprob in zip(rows, tokens, logprobs, strict=True)
-            if not row.done  # a static batch's finished rows, or a failed constraint's
-        ]
+        tokens, logprobs, tops = next_tokens(logits, params, [r.generator for r in rows], allowed)
+        taken = []
+        for row, token, logprob, top in zip(rows, tokens, logprobs, tops, strict=True):
+            if row.done:  # a static batch's finished rows, or a failed constraint's
+                continue
+            if top is not None:
+                row.top_logprobs.append(top)
+            taken.append((row, row.accept(token, logprob, self.eos_ids)))
         self.generated_tokens += len(taken)
         return taken
 
@@ -253,12 +260,18 @@ class RunningBatch(Generic[R]):
         return max(0, max_batch_size - len(self.rows))
 
 
+def scores_prompt(params: SamplingParams) -> bool:
+    """Does the row's prefill keep every position's logits (prompt log-probabilities)?"""
+    return params.prompt_logprobs or params.prompt_top_logprobs > 0
+
+
 def score_prompts(rows: Iterable[Row], logits: torch.Tensor) -> None:
-    """Each asking row's prompt tokens' log-probabilities from a left-padded prefill's logits
-    at every position (the logits at position ``p`` predict the token at ``p + 1``)."""
+    """Each asking row's prompt tokens' log-probabilities, and the most likely tokens at each
+    position when asked, from a left-padded prefill's logits at every position (the logits at
+    position ``p`` predict the token at ``p + 1``); on the device, one row at a time."""
     width = logits.shape[1]
     for i, row in enumerate(rows):
-        if not row.params.prompt_logprobs:
+        if not scores_prompt(row.params):
             continue
         n = len(row.prompt_ids)
         start = width - n  # the row's first prompt token, after its padding
@@ -266,6 +279,13 @@ def score_prompts(rows: Iterable[Row], logits: torch.Tensor) -> None:
         targets = torch.tensor(row.prompt_ids[1:], device=logits.device)[:, None]
         scores = predicted.gather(1, targets)[:, 0].tolist()
         row.prompt_logprobs = [float("nan"), *scores]
+        k = min(row.params.prompt_top_logprobs, predicted.shape[-1])
+        if k > 0:
+            values, ids = torch.topk(predicted, k, dim=-1)
+            top: list[Alternatives | None] = [None]
+            for row_ids, row_values in zip(ids.cpu().tolist(), values.cpu().tolist(), strict=True):
+                top.append(list(zip(row_ids, row_values, strict=True)))
+            row.prompt_top_logprobs = top
 
 
 @dataclass(frozen=True)

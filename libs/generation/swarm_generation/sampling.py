@@ -14,6 +14,7 @@ seed gives the same tokens whatever else shares its batch, and on any device.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from math import inf
 
 import torch
 
@@ -30,8 +31,12 @@ class SamplingParams:
     # those); () ends it only at max_tokens.
     stop_tokens: tuple[int, ...] | None = None
     logprobs: bool = False
+    # The k most likely tokens and their log-probabilities at each generated position (0: none).
+    top_logprobs: int = 0
     # Each prompt token's log-probability too (a prefill that keeps every position's logits).
     prompt_logprobs: bool = False
+    # The k most likely tokens at each prompt position after the first (0: none).
+    prompt_top_logprobs: int = 0
     # Generate max_tokens whatever the model says (benchmarks: equal work on every side).
     ignore_eos: bool = False
 
@@ -44,6 +49,8 @@ class SamplingParams:
             raise ValueError("top_p must be in (0, 1]")
         if self.top_k == 0 or self.top_k < -1:
             raise ValueError("top_k must be -1 (no limit) or at least 1")
+        if self.top_logprobs < 0 or self.prompt_top_logprobs < 0:
+            raise ValueError("top_logprobs and prompt_top_logprobs must be >= 0")
 
     @property
     def greedy(self) -> bool:
@@ -94,19 +101,49 @@ def top_k(logits: torch.Tensor, k: int) -> torch.Tensor:
     return logits.masked_fill(logits < kth, float("-inf"))
 
 
+# A token's alternatives: (token id, log-probability), most likely first.
+Alternatives = list[tuple[int, float]]
+
+
+def top_alternatives(
+    logits: torch.Tensor, params: list[SamplingParams]
+) -> list[Alternatives | None]:
+    """Each asking row's ``top_logprobs`` most likely tokens under the distribution its token
+    is drawn from (temperature-scaled; greedy: temperature 1), else None. One ``log_softmax``
+    and ``topk`` on the device for the asking rows together; ids a constraint masked out
+    (-inf) are left out, so a row may get fewer than it asked."""
+    out: list[Alternatives | None] = [None] * len(params)
+    asking = [i for i, p in enumerate(params) if p.top_logprobs > 0]
+    if not asking:
+        return out
+    k = min(max(params[i].top_logprobs for i in asking), logits.shape[-1])
+    rows = logits[torch.tensor(asking, device=logits.device)].float()
+    temperatures = [1.0 if params[i].greedy else params[i].temperature for i in asking]
+    if any(t != 1.0 for t in temperatures):
+        rows = rows / torch.tensor(temperatures, device=rows.device)[:, None]
+    values, ids = torch.topk(torch.log_softmax(rows, dim=-1), k, dim=-1)
+    for i, row_ids, row_values in zip(
+        asking, ids.cpu().tolist(), values.cpu().tolist(), strict=True
+    ):
+        n = params[i].top_logprobs
+        out[i] = [(t, v) for t, v in zip(row_ids[:n], row_values[:n], strict=True) if v > -inf]
+    return out
+
+
 def next_tokens(
     logits: torch.Tensor,
     params: list[SamplingParams],
     generators: list[torch.Generator | None],
     allowed: list[list[int] | None] | None = None,
-) -> tuple[list[int], list[float | None]]:
+) -> tuple[list[int], list[float | None], list[Alternatives | None]]:
     """One token per row of ``logits`` ([rows, vocab]), and its log-probability for the rows
     whose params ask (else None): under the temperature-scaled distribution it was drawn from,
     before top-k and top-p cut its tail (the full softmax at temperature 1, as a trainer's
-    forward computes it, when greedy). ``allowed``: per row, None or the only token ids it
-    may take."""
+    forward computes it, when greedy); and the asking rows' ``top_alternatives`` under that
+    same distribution. ``allowed``: per row, None or the only token ids it may take."""
     if allowed is not None:
         logits = mask_disallowed(logits, allowed)
+    alternatives = top_alternatives(logits, params)
     chosen = logits.argmax(dim=-1).tolist()
     logprobs: list[float | None] = [None] * len(params)
     for i, p in enumerate(params):
@@ -122,4 +159,4 @@ def next_tokens(
             chosen[i] = int(torch.multinomial(probs, 1, generator=generators[i]).item())
             if params[i].logprobs:
                 logprobs[i] = float(torch.log_softmax(scaled, dim=-1)[chosen[i]])
-    return chosen, logprobs
+    return chosen, logprobs, alternatives

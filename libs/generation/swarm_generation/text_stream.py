@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Protocol
 
 # Tokens of the prompt decoded ahead of the first new one: tokenizers drop a leading space
@@ -88,3 +89,20 @@ class StopStrings:
         out = self.text[self.emitted : end]
         self.emitted = max(self.emitted, end)
         return out
+
+
+def token_texts(tokenizer: Decoder, ids: Iterable[int], anchor: int) -> dict[int, str]:
+    """Each token's own text as it reads inside a text (after ``anchor``, a token before it):
+    a token decoded alone may lose its leading space. Special tokens keep their text."""
+
+    def decode(tokens: list[int]) -> str:
+        text = tokenizer.decode(tokens, skip_special_tokens=False)
+        assert isinstance(text, str)
+        return text
+
+    before = decode([anchor])
+    texts = {}
+    for t in set(ids):
+        both = decode([anchor, t])
+        texts[t] = both[len(before) :] if both.startswith(before) else decode([t])
+    return texts

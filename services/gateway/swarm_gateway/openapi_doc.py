@@ -188,7 +188,8 @@ OPENAI_RULES: dict[tuple[str, str], str] = {
     ),
     ("/v1/files", "post"): "the file must be valid JSON Lines training data, purpose fine-tune",
     ("/v1/chat/completions", "post"): (
-        "`model` must be one the caller may use; `response_format` one that is honoured"
+        "`model` must be one the caller may use; `response_format` one that is honoured; "
+        "`top_logprobs` only with `logprobs` true"
     ),
     ("/v1/completions", "post"): (
         "`model` must be one the caller may use; `response_format` one that is honoured"

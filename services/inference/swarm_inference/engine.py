@@ -35,7 +35,7 @@ from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from swarm_generation.batch import Row, RunningBatch, encode_prompt, model_logits, row_fields
 from swarm_generation.kv_batch import check_cache_support
-from swarm_generation.sampling import SamplingParams
+from swarm_generation.sampling import Alternatives, SamplingParams
 from swarm_inference.adapter_cache import AdapterCache
 from swarm_inference.adapter_files import AdapterError, AdapterSource
 from swarm_inference.json_format import JsonConstraint, JsonFormatError, JsonVocabulary
@@ -92,6 +92,21 @@ class Piece:
     # When asked: each prompt token's log-probability after the ones before it (the first
     # token has none: NaN).
     prompt_logprobs: tuple[float, ...] | None = None
+    # When asked: each generated token's most likely alternatives, (id, log-probability)
+    # best first; and each prompt position's (the first has none: None).
+    top_logprobs: list[Alternatives] | None = None
+    prompt_top_logprobs: list[Alternatives | None] | None = None
+    # Before the last piece, with logprobs: the tokens this piece's text comes from (those
+    # since the last piece), their log-probabilities and alternatives, for a stream that
+    # sends each token's with its text (the last piece's are the rest of the whole lists).
+    step: Step | None = None
+
+
+@dataclass(frozen=True)
+class Step:
+    tokens: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    top_logprobs: list[Alternatives] | None
 
 
 @dataclass(frozen=True)
@@ -120,6 +135,7 @@ class _Sequence(Row):
     id: int = 0
     slot: int = BASE_SLOT
     arrived: float = field(default_factory=time.monotonic)
+    shown: int = 0  # tokens whose text went out in a piece
 
     def accept(self, token: int, logprob: float | None, eos: Collection[int]) -> str:
         if self.constraint is not None:
@@ -128,7 +144,13 @@ class _Sequence(Row):
 
     def piece(self, text: str) -> Piece:
         if self.finish_reason is None:
-            return Piece(text, self.generated, len(self.prompt_ids))
+            step = None
+            if self.params.logprobs:
+                new = slice(self.shown, self.generated)
+                top = self.top_logprobs[new] if self.params.top_logprobs else None
+                step = Step(tuple(self.tokens[new]), tuple(self.logprobs[new]), top)
+                self.shown = self.generated
+            return Piece(text, self.generated, len(self.prompt_ids), step=step)
         return Piece(
             text,
             self.generated,
@@ -137,8 +159,12 @@ class _Sequence(Row):
             tokens=tuple(self.tokens),
             logprobs=tuple(self.logprobs) if self.params.logprobs else None,
             prompt_logprobs=(
-                tuple(self.prompt_logprobs) if self.prompt_logprobs is not None else None
+                tuple(self.prompt_logprobs)
+                if self.prompt_logprobs is not None and self.params.prompt_logprobs
+                else None
             ),
+            top_logprobs=list(self.top_logprobs) if self.params.top_logprobs else None,
+            prompt_top_logprobs=self.prompt_top_logprobs,
         )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from nats.aio.client import Client
 
@@ -11,6 +12,7 @@ from swarm_contracts.inference import (
     GenerateChunk,
     GenerateResult,
     InferenceError,
+    TokenLogprob,
     Usage,
 )
 
@@ -53,12 +55,14 @@ class Replier:
         if self.stream and not self.finished:
             await self._chunk(self._new("keepalive"))
 
-    async def text(self, text: str) -> None:
+    async def text(self, text: str, **tokens: Any) -> None:
+        """A piece of text; streamed, with ``tokens`` when given (its tokens' ids,
+        ``logprobs``, ``top_logprobs``, ``token_texts``: the result has them all at the end)."""
         if not text:
             return
         if self.stream:
             self.streamed_text = True
-            await self._chunk(self._new("text", text=text, model=self.model))
+            await self._chunk(self._new("text", text=text, model=self.model, **tokens))
         else:
             self._parts.append(text)
 
@@ -70,9 +74,20 @@ class Replier:
         tokens: list[int] | None = None,
         logprobs: list[float] | None = None,
         prompt_logprobs: list[float | None] | None = None,
+        top_logprobs: list[list[TokenLogprob]] | None = None,
+        prompt_top_logprobs: list[list[TokenLogprob] | None] | None = None,
+        token_texts: dict[int, str] | None = None,
     ) -> None:
-        """The end: a ``done`` chunk, or the one result; either carries ``tokens`` and
-        ``logprobs`` when given (a token-level request's)."""
+        """The end: a ``done`` chunk, or the one result; either carries ``tokens``,
+        ``logprobs`` and the rest when given (what the request asked)."""
+        answer = {
+            "tokens": tokens,
+            "logprobs": logprobs,
+            "prompt_logprobs": prompt_logprobs,
+            "top_logprobs": top_logprobs,
+            "prompt_top_logprobs": prompt_top_logprobs,
+            "token_texts": token_texts,
+        }
         self.finished = True
         if self.stream:
             done = self._new(
@@ -80,9 +95,7 @@ class Replier:
                 finish_reason=finish_reason,
                 usage=usage,
                 model=self.model,
-                tokens=tokens,
-                logprobs=logprobs,
-                prompt_logprobs=prompt_logprobs,
+                **answer,
             )
             await self._chunk(done)
             return
@@ -91,9 +104,7 @@ class Replier:
             worker_id=self.worker_id,
             model=self.model,
             text="".join(self._parts),
-            tokens=tokens,
-            logprobs=logprobs,
-            prompt_logprobs=prompt_logprobs,
+            **answer,
             finish_reason=finish_reason,
             usage=usage,
         )

@@ -23,7 +23,7 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from swarm_generation.batch import encode_prompt
+from swarm_generation.batch import encode_prompt, scores_prompt
 from swarm_generation.sampling import SamplingParams
 from swarm_inference.adapter_files import CONFIG_FILE, WEIGHTS_FILE, AdapterSource, verified
 from swarm_inference.engine import (
@@ -136,8 +136,9 @@ class VllmEngine:
             stop=list(params.stop) or None,
             stop_token_ids=list(params.stop_tokens or ()) or None,
             ignore_eos=replace_eos,
-            logprobs=0 if params.logprobs else None,  # 0: the sampled token's own
-            prompt_logprobs=0 if params.prompt_logprobs else None,
+            # k: the k most likely and the sampled token's own (0: the latter only).
+            logprobs=params.top_logprobs if params.logprobs or params.top_logprobs else None,
+            prompt_logprobs=(params.prompt_top_logprobs if scores_prompt(params) else None),
         )
         request_id = uuid.uuid4().hex
         lora = self._lora(adapter) if adapter is not None else None
@@ -167,7 +168,17 @@ class VllmEngine:
                             for step, token in zip(output.prompt_logprobs, prompt_ids, strict=True)
                         )
                     yield Piece(
-                        text[shown:], len(tokens), len(prompt_ids), finish, tokens, logprobs, prompt
+                        text[shown:],
+                        len(tokens),
+                        len(prompt_ids),
+                        finish,
+                        tokens,
+                        logprobs,
+                        prompt,
+                        top_logprobs=_tops(completion.logprobs, params.top_logprobs),
+                        prompt_top_logprobs=_tops(
+                            output.prompt_logprobs, params.prompt_top_logprobs
+                        ),
                     )
                 elif len(text) > shown:
                     yield Piece(text[shown:], len(completion.token_ids), len(prompt_ids))
@@ -196,3 +207,19 @@ class VllmEngine:
         shutdown = getattr(self.engine, "shutdown", None)
         if shutdown is not None:
             shutdown()
+
+
+def _tops(steps: Any, k: int) -> Any:
+    """vLLM's per-position ``{token id: Logprob}`` (None where it has none) as each
+    position's k most likely (id, log-probability), best first; None when not asked. vLLM's
+    are under the model's own distribution, not the temperature-scaled one."""
+    if k <= 0 or steps is None:
+        return None
+    tops: list[list[tuple[int, float]] | None] = []
+    for step in steps:
+        if step is None:
+            tops.append(None)
+            continue
+        ranked = sorted(((int(t), float(p.logprob)) for t, p in step.items()), key=lambda x: -x[1])
+        tops.append(ranked[:k])
+    return tops

@@ -44,6 +44,7 @@ from swarm_contracts.registry import GetAdapter, GetModel, ListModels, ModelVers
 from swarm_contracts.registry_api import GET_ADAPTER, GET_MODEL, LIST_MODELS
 from swarm_contracts.subjects import Subjects
 from swarm_generation.sampling import SamplingParams
+from swarm_generation.text_stream import token_texts
 from swarm_inference.adapter_files import CONFIG_FILE, WEIGHTS_FILE, AdapterSource
 from swarm_inference.base_model import load_base_model, pick_device, pick_dtype, render_chat
 from swarm_inference.downloads import fetch_verified
@@ -53,6 +54,8 @@ from swarm_inference.engine import (
     EngineError,
     EngineStats,
     InvalidRequest,
+    Piece,
+    Step,
 )
 from swarm_inference.json_format import ANY_OBJECT
 from swarm_inference.metrics import InferenceMetrics
@@ -315,6 +318,7 @@ class InferenceWorker:
                 _json_schema(request),
                 replier,
                 token_level=request.prompt_tokens is not None,
+                texts=request.token_texts,
             )
             outcome = "ok"
         except RequestFailed as exc:
@@ -389,6 +393,8 @@ class InferenceWorker:
             stop_tokens=None if request.stop_tokens is None else tuple(request.stop_tokens),
             logprobs=request.logprobs,
             prompt_logprobs=request.prompt_logprobs,
+            top_logprobs=request.top_logprobs,
+            prompt_top_logprobs=request.prompt_top_logprobs,
         )
         return prompt_ids, params
 
@@ -402,8 +408,10 @@ class InferenceWorker:
         replier: Replier,
         *,
         token_level: bool = False,
+        texts: bool = False,
     ) -> None:
-        """Generate into ``replier``; ``token_level``: the result carries the token ids."""
+        """Generate into ``replier``; ``token_level``: the result carries the token ids;
+        ``texts``: those and the text of every token id it names (OpenAI's logprobs)."""
         started = time.monotonic()
         first = True
         last = None
@@ -411,7 +419,16 @@ class InferenceWorker:
             if first and piece.completion_tokens:
                 self.metrics.first_token.observe(time.monotonic() - started)
                 first = False
-            await replier.text(piece.text)
+            if texts and piece.step is not None:  # each token's log-probabilities with its text
+                await replier.text(
+                    piece.text,
+                    tokens=list(piece.step.tokens),
+                    logprobs=list(piece.step.logprobs),
+                    top_logprobs=piece.step.top_logprobs,
+                    token_texts=_texts_of(held.engine.tokenizer, prompt_ids, piece.step),
+                )
+            else:
+                await replier.text(piece.text)
             last = piece
         assert last is not None
         assert last.finish_reason is not None
@@ -423,9 +440,12 @@ class InferenceWorker:
         await replier.done(
             last.finish_reason,  # type: ignore[arg-type]
             usage,
-            tokens=list(last.tokens) if token_level else None,
+            tokens=list(last.tokens) if token_level or texts else None,
             logprobs=None if last.logprobs is None else list(last.logprobs),
             prompt_logprobs=_json_floats(last.prompt_logprobs),
+            top_logprobs=last.top_logprobs,
+            prompt_top_logprobs=last.prompt_top_logprobs,
+            token_texts=_texts_of(held.engine.tokenizer, prompt_ids, last) if texts else None,
         )
         self.metrics.tokens.inc(last.completion_tokens)
 
@@ -536,6 +556,13 @@ def _json_floats(values: tuple[float, ...] | None) -> list[float | None] | None:
     if values is None:
         return None
     return [None if math.isnan(v) else v for v in values]
+
+
+def _texts_of(tokenizer: Any, prompt_ids: list[int], piece: Piece | Step) -> dict[int, str]:
+    """The text of each generated token and of each alternative (as read after the prompt's
+    last token)."""
+    ids = [*piece.tokens, *(t for top in piece.top_logprobs or () for t, _ in top)]
+    return token_texts(tokenizer, ids, anchor=prompt_ids[-1])
 
 
 def _checked_tokens(tokens: list[int], vocab_size: int) -> list[int]:

@@ -21,9 +21,13 @@ Role = Literal["system", "developer", "user", "assistant"]
 MAX_STOP_STRINGS = 4
 MAX_STOP_TOKENS = 64
 MAX_PROMPT_TOKENS = 131_072
+# Alternatives per position (OpenAI's top_logprobs goes up to 20).
+MAX_TOP_LOGPROBS = 20
 REQUEST_ID_PATTERN = r"^[A-Za-z0-9_-]{1,128}$"
 FinishReason = Literal["stop", "length"]
 ResponseFormat = Literal["text", "json_object", "json_schema"]
+# A likely token at a position: (token id, log-probability).
+TokenLogprob = tuple[int, float]
 
 
 class ChatMessage(BaseModel):
@@ -73,6 +77,24 @@ class GenerateRequest(BaseModel):
         default=False,
         description="answer each prompt token's log-probability given the ones before it",
     )
+    top_logprobs: int = Field(
+        default=0,
+        ge=0,
+        le=MAX_TOP_LOGPROBS,
+        description="answer the k most likely tokens at each generated position, under the "
+        "distribution the token was drawn from",
+    )
+    prompt_top_logprobs: int = Field(
+        default=0,
+        ge=0,
+        le=MAX_TOP_LOGPROBS,
+        description="answer the k most likely tokens at each prompt position after the first",
+    )
+    token_texts: bool = Field(
+        default=False,
+        description="answer the generated tokens and the text of each id in them and in "
+        "top_logprobs (OpenAI's logprobs name tokens by their text)",
+    )
     response_format: ResponseFormat = Field(
         default="text",
         description="json_object: the text is a JSON object; json_schema: one that json_schema "
@@ -108,7 +130,11 @@ class InferenceError(BaseModel):
 
 
 class GenerateChunk(BaseModel):
-    """One message on a streaming request's reply subject, numbered from 0 by ``seq``."""
+    """One message on a streaming request's reply subject, numbered from 0 by ``seq``.
+
+    With ``token_texts``, a ``text`` chunk also carries ``tokens``, ``logprobs``,
+    ``top_logprobs`` and ``token_texts`` of the tokens its text comes from; ``done`` carries
+    them all (the stream's sent ones too)."""
 
     request_id: str
     worker_id: str
@@ -119,13 +145,27 @@ class GenerateChunk(BaseModel):
     finish_reason: FinishReason | None = None
     usage: Usage | None = None
     tokens: list[int] | None = Field(
-        default=None, description="done: the generated token ids (requests with prompt_tokens)"
+        default=None,
+        description="done: the generated token ids (with prompt_tokens or token_texts)",
     )
     logprobs: list[float] | None = Field(
         default=None, description="done: each generated token's log-probability (with logprobs)"
     )
     prompt_logprobs: list[float | None] | None = Field(
         default=None, description="done: each prompt token's (the first's is null)"
+    )
+    top_logprobs: list[list[TokenLogprob]] | None = Field(
+        default=None,
+        description="done: each generated token's k most likely tokens, best first "
+        "(with top_logprobs)",
+    )
+    prompt_top_logprobs: list[list[TokenLogprob] | None] | None = Field(
+        default=None,
+        description="done: each prompt position's k most likely tokens (the first's is null)",
+    )
+    token_texts: dict[int, str] | None = Field(
+        default=None,
+        description="done: the text of each token id in tokens and top_logprobs (with token_texts)",
     )
     error: InferenceError | None = None
 
@@ -138,13 +178,22 @@ class GenerateResult(BaseModel):
     model: str | None = None
     text: str = ""
     tokens: list[int] | None = Field(
-        default=None, description="the generated token ids (requests with prompt_tokens)"
+        default=None, description="the generated token ids (with prompt_tokens or token_texts)"
     )
     logprobs: list[float] | None = Field(
         default=None, description="each generated token's log-probability (with logprobs)"
     )
     prompt_logprobs: list[float | None] | None = Field(
         default=None, description="each prompt token's (the first's is null)"
+    )
+    top_logprobs: list[list[TokenLogprob]] | None = Field(
+        default=None, description="each generated token's k most likely tokens, best first"
+    )
+    prompt_top_logprobs: list[list[TokenLogprob] | None] | None = Field(
+        default=None, description="each prompt position's k most likely tokens"
+    )
+    token_texts: dict[int, str] | None = Field(
+        default=None, description="the text of each token id in tokens and top_logprobs"
     )
     finish_reason: FinishReason | None = None
     usage: Usage | None = None

@@ -5,10 +5,12 @@
 Events in OpenAI's chunk format ending with ``data: [DONE]``; errors use OpenAI's shape
 (``swarm_gateway.openai_errors``). Supported: ``max_tokens`` (``max_completion_tokens``),
 ``temperature``, ``top_p``, ``stop``, ``seed``, ``n`` = 1, ``stream``,
-``stream_options.include_usage`` and ``response_format`` (``text``, ``json_object``,
-``json_schema``: constrained decoding on the worker); other OpenAI fields are ignored, except
-those whose absence would change the answer (``n`` > 1, ``tools``, ``logprobs``, ``echo``,
-another ``response_format``, ...): 400.
+``stream_options.include_usage``, ``response_format`` (``text``, ``json_object``,
+``json_schema``: constrained decoding on the worker) and log-probabilities (chat:
+``logprobs`` with ``top_logprobs`` 0..20; completions: ``logprobs`` 0..5; in OpenAI's shapes,
+``swarm_gateway.openai_logprobs``); other OpenAI fields are ignored, except those whose
+absence would change the answer (``n`` > 1, ``tools``, ``echo``, another
+``response_format``, ...): 400.
 
 The HTTP status is decided by the first chunk that is not bookkeeping (text, done or an
 error), so an unknown adapter, a prompt over the context or a full worker is a 4xx/5xx, not
@@ -20,24 +22,36 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from functools import partial
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from swarm_contracts.inference import MAX_STOP_STRINGS, ChatMessage, GenerateChunk, Role
+from swarm_contracts.inference import (
+    MAX_STOP_STRINGS,
+    MAX_TOP_LOGPROBS,
+    ChatMessage,
+    GenerateChunk,
+    Role,
+)
 from swarm_contracts.inference import GenerateRequest as WorkerRequest
 from swarm_gateway.auth import Tenant
 from swarm_gateway.inference import Target, generate, resolve
 from swarm_gateway.openai_errors import OpenAIError
+from swarm_gateway.openai_logprobs import ChoiceLogprobs
 from swarm_gateway.state import Gateway, get_gateway
 
 router = APIRouter(tags=["inference"])
 GW = Annotated[Gateway, Depends(get_gateway)]
 # OpenAI's documented default for /v1/completions; chat defaults to what the context leaves.
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+# OpenAI's limit on the legacy completions' ``logprobs``.
+MAX_COMPLETION_LOGPROBS = 5
+# A new answer's ``ChoiceLogprobs`` (None: not asked).
+Logprobs = Callable[[], ChoiceLogprobs] | None
 
 
 class StreamOptions(BaseModel):
@@ -57,8 +71,6 @@ class _Sampling(BaseModel):
     n: int | None = Field(default=None, ge=1)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    logprobs: Any = None
-    top_logprobs: Any = None
     response_format: dict[str, Any] | None = None
 
 
@@ -72,12 +84,15 @@ class ChatMessageIn(BaseModel):
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessageIn] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     tools: list[Any] | None = None
     functions: list[Any] | None = None
 
 
 class CompletionRequest(_Sampling):
     prompt: str | list[str]
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_COMPLETION_LOGPROBS)
     echo: bool = False
     # Only 1 is served; the schema says so, so a client learns it from the document.
     best_of: int | None = Field(default=None, ge=1, le=1)
@@ -115,8 +130,6 @@ def _common_checks(gw: Gateway, body: _Sampling, max_tokens: int | None) -> list
     _response_format(body)  # refused before any lookup
     if body.n not in (None, 1):
         raise _refuse("n", "only n=1 is supported")
-    if body.logprobs not in (None, False, 0) or body.top_logprobs not in (None, 0):
-        raise _refuse("logprobs", "logprobs are not supported")
     limit = gw.settings.inference_max_tokens
     if max_tokens is not None and max_tokens > limit:
         raise OpenAIError(
@@ -169,8 +182,12 @@ def _worker_request(
     body: _Sampling,
     max_tokens: int | None,
     stop: list[str],
+    top_logprobs: int | None = None,
     **inputs: Any,
 ) -> WorkerRequest:
+    """``top_logprobs``: None, or the alternatives each generated token's answer lists."""
+    if top_logprobs is not None:
+        inputs.update(logprobs=True, top_logprobs=top_logprobs, token_texts=True)
     return WorkerRequest(
         request_id=uuid.uuid4().hex[:24],
         tenant=tenant,
@@ -194,6 +211,7 @@ async def _whole(
     kind: Literal["chat", "text"],
     completion_id: str,
     created: int,
+    logprobs: Logprobs,
 ) -> JSONResponse:
     """A non-streamed answer. The caller has seen nothing yet, so a worker lost even after
     some text is no failure: the request starts again on another worker (with a seed, the
@@ -214,15 +232,16 @@ async def _whole(
         break
     assert last is not None
     text = "".join(parts)
+    scores = logprobs().of(last) if logprobs is not None else None
     if kind == "chat":
         choice: dict[str, Any] = {
             "index": 0,
             "message": {"role": "assistant", "content": text},
             "finish_reason": last.finish_reason,
-            "logprobs": None,
+            "logprobs": scores,
         }
     else:
-        choice = {"index": 0, "text": text, "finish_reason": last.finish_reason, "logprobs": None}
+        choice = {"index": 0, "text": text, "finish_reason": last.finish_reason, "logprobs": scores}
     return JSONResponse(
         {
             "id": completion_id,
@@ -244,17 +263,19 @@ async def _answer(
     body: _Sampling,
     *,
     kind: Literal["chat", "text"],
+    logprobs: Logprobs = None,
 ) -> JSONResponse | StreamingResponse:
     created = int(time.time())
     prefix = "chatcmpl" if kind == "chat" else "cmpl"
     completion_id = f"{prefix}-{request.request_id}"
     if not body.stream:
-        return await _whole(gw, request, target, kind, completion_id, created)
+        return await _whole(gw, request, target, kind, completion_id, created, logprobs)
     chunks = generate(gw, request)
     first = await anext(chunks)  # errors before any text become the HTTP status
     headers = {"x-swarm-model": target.label, "x-swarm-worker": first.worker_id}
 
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    scores = logprobs() if logprobs is not None else None
 
     def event(choices: list[dict[str, Any]], usage: Any = None) -> bytes:
         payload: dict[str, Any] = {
@@ -268,11 +289,13 @@ async def _answer(
             payload["usage"] = usage
         return f"data: {json.dumps(payload)}\n\n".encode()
 
-    def choice(text: str | None, finish: str | None) -> dict[str, Any]:
+    def choice(
+        text: str | None, finish: str | None, scores: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
         if kind == "chat":
             delta = {} if text is None else {"content": text}
-            return {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
-        return {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}
+            return {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": scores}
+        return {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": scores}
 
     async def sse() -> AsyncIterator[bytes]:
         if kind == "chat":
@@ -289,10 +312,13 @@ async def _answer(
         try:
             chunk: GenerateChunk | None = first
             while chunk is not None:
+                # Each event with its tokens' log-probabilities, when asked; the last with
+                # those of the tokens not sent yet.
+                entries = scores.of(chunk) if scores is not None else None
                 if chunk.kind == "text":
-                    yield event([choice(chunk.text, None)])
+                    yield event([choice(chunk.text, None, entries)])
                 else:  # done
-                    yield event([choice(None, chunk.finish_reason)])
+                    yield event([choice(None, chunk.finish_reason, entries)])
                     if include_usage and chunk.usage is not None:
                         yield event([], chunk.usage.model_dump())
                 chunk = await anext(chunks, None)
@@ -318,12 +344,21 @@ async def chat_completions(
     """A chat completion, rendered with the base model's chat template."""
     if body.tools or body.functions:
         raise _refuse("tools", "tools and functions are not supported")
+    if body.top_logprobs is not None and not body.logprobs:
+        raise OpenAIError(
+            400,
+            "top_logprobs: logprobs must be set to true if top_logprobs is used",
+            param="top_logprobs",
+            code="invalid_value",
+        )
     max_tokens = body.max_completion_tokens or body.max_tokens
     stop = _common_checks(gw, body, max_tokens)
     messages = _messages(body)
     target = await resolve(gw, body.model, tenant)
-    request = _worker_request(target, tenant, body, max_tokens, stop, messages=messages)
-    return await _answer(gw, request, target, body, kind="chat")
+    k = (body.top_logprobs or 0) if body.logprobs else None
+    request = _worker_request(target, tenant, body, max_tokens, stop, k, messages=messages)
+    scores: Logprobs = None if k is None else partial(ChoiceLogprobs, "chat", k)
+    return await _answer(gw, request, target, body, kind="chat", logprobs=scores)
 
 
 @router.post("/v1/completions", response_model=None)
@@ -343,5 +378,8 @@ async def completions(
     max_tokens = body.max_tokens or COMPLETIONS_DEFAULT_MAX_TOKENS
     stop = _common_checks(gw, body, max_tokens)
     target = await resolve(gw, body.model, tenant)
-    request = _worker_request(target, tenant, body, max_tokens, stop, prompt=prompt)
-    return await _answer(gw, request, target, body, kind="text")
+    k = body.logprobs
+    request = _worker_request(target, tenant, body, max_tokens, stop, k, prompt=prompt)
+    offset = len(prompt)  # OpenAI's text_offset counts from the prompt's start
+    scores: Logprobs = None if k is None else partial(ChoiceLogprobs, "text", k, offset)
+    return await _answer(gw, request, target, body, kind="text", logprobs=scores)

@@ -16,7 +16,7 @@ from typing import Any
 from fastapi import APIRouter, HTTPException, status
 from pydantic import Field, ValidationError
 
-from swarm_contracts.inference import GenerateRequest
+from swarm_contracts.inference import MAX_TOP_LOGPROBS, GenerateRequest
 from swarm_gateway.routes.tinker import (
     GW,
     Lenient,
@@ -122,6 +122,8 @@ async def asample(body: SampleBody, gw: GW, t: T, tenant: Tenant) -> dict[str, A
             body.num_samples,
             body.sampling_params,
             prompt_logprobs=bool(body.prompt_logprobs),
+            topk_prompt=body.topk_prompt_logprobs,
+            topk_sample=body.topk_sample_logprobs,
         )
     except (sampling.SamplingError, ValidationError) as exc:
         raise HTTPException(status.HTTP_400_BAD_REQUEST, detail=_why(exc)) from exc
@@ -155,12 +157,18 @@ def _start(t: Tables, request_id: str, requests: list[GenerateRequest], gw: Gate
 
 
 def _refuse_unserved(body: SampleBody) -> None:
-    """Top-k log-probabilities and the like are not served: a 400 naming the field, rather
-    than an answer without what was asked."""
+    """Target log-probabilities and the like are not served: a 400 naming the field, rather
+    than an answer without what was asked; top-k beyond what the engine serves neither."""
+    for field, k in (
+        ("topk_prompt_logprobs", body.topk_prompt_logprobs),
+        ("topk_sample_logprobs", body.topk_sample_logprobs),
+    ):
+        if not 0 <= k <= MAX_TOP_LOGPROBS:
+            raise HTTPException(
+                status.HTTP_400_BAD_REQUEST, detail=f"{field}: {k} is not in 0..{MAX_TOP_LOGPROBS}"
+            )
     unserved = {
         "prompt_logprobs_last_n": body.prompt_logprobs_last_n is not None,
-        "topk_prompt_logprobs": body.topk_prompt_logprobs > 0,
-        "topk_sample_logprobs": body.topk_sample_logprobs > 0,
         "target_prompt_logprobs": body.target_prompt_logprobs is not None,
         "prompt_alt_tokens_k": body.prompt_alt_tokens_k > 0,
     }

@@ -10,6 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from swarm_contracts.inference import TokenLogprob
 from swarm_contracts.jobs import ModelRef, utcnow
 from swarm_contracts.sessions import CreateSession, Op, SessionResult
 
@@ -104,13 +105,21 @@ class SampledSequence(BaseModel):
     tokens: list[int]
     logprobs: list[float] | None = None
     stop_reason: Literal["stop", "length"]
-    prompt_logprobs: list[float | None] | None = None  # on its way to the outcome only
+    topk_logprobs: list[list[TokenLogprob]] | None = Field(
+        default=None, description="each token's k most likely (id, logprob), when asked"
+    )
+    # On their way to the outcome only.
+    prompt_logprobs: list[float | None] | None = None
+    topk_prompt_logprobs: list[list[TokenLogprob] | None] | None = None
 
 
 class SampleOutcome(BaseModel):
     sequences: list[SampledSequence]
     prompt_logprobs: list[float | None] | None = Field(
         default=None, description="each prompt token's (the first's is None), when asked"
+    )
+    topk_prompt_logprobs: list[list[TokenLogprob] | None] | None = Field(
+        default=None, description="each prompt position's k most likely (the first: None)"
     )
 
 

@@ -76,10 +76,13 @@ def generate_requests(
     num_samples: int,
     params: SamplingParams,
     prompt_logprobs: bool = False,
+    topk_prompt: int = 0,
+    topk_sample: int = 0,
 ) -> list[GenerateRequest]:
     """One token-level request per sample; with a seed, sample ``i`` draws with ``seed + i``
     (the same seed for all would give ``num_samples`` copies of one sequence). The prompt's
-    log-probabilities, when asked, come with the first sample (the prompt is the same)."""
+    log-probabilities and its top-k, when asked, come with the first sample (the prompt is
+    the same); each sample carries its own tokens' top-k."""
     strings, tokens = stops(params.stop)
     return [
         GenerateRequest(
@@ -98,6 +101,8 @@ def generate_requests(
             stop_tokens=tokens,
             logprobs=True,
             prompt_logprobs=prompt_logprobs and i == 0,
+            top_logprobs=topk_sample,
+            prompt_top_logprobs=topk_prompt if i == 0 else 0,
         )
         for i in range(num_samples)
     ]
@@ -126,6 +131,8 @@ async def sample_one(gw: Gateway, request: GenerateRequest) -> SampledSequence:
                         logprobs=chunk.logprobs,
                         stop_reason=chunk.finish_reason or "stop",
                         prompt_logprobs=chunk.prompt_logprobs,
+                        topk_logprobs=chunk.top_logprobs,
+                        topk_prompt_logprobs=chunk.prompt_top_logprobs,
                     )
             raise OpenAIError(502, "the inference worker ended without an answer")
     raise AssertionError("unreachable: the retries return or raise")
@@ -144,10 +151,15 @@ async def run(
     category: Literal["user", "server"] = "server"
     try:
         sequences = await asyncio.gather(*(sample_one(gw, r) for r in requests))
-        prompt = sequences[0].prompt_logprobs if sequences else None
+        first = sequences[0] if sequences else None
+        prompt = first.prompt_logprobs if first else None
+        topk_prompt = first.topk_prompt_logprobs if first else None
         for sequence in sequences:
             sequence.prompt_logprobs = None  # the outcome's, once
-        outcome = SampleOutcome(sequences=list(sequences), prompt_logprobs=prompt)
+            sequence.topk_prompt_logprobs = None
+        outcome = SampleOutcome(
+            sequences=list(sequences), prompt_logprobs=prompt, topk_prompt_logprobs=topk_prompt
+        )
     except OpenAIError as exc:
         error = exc.message
         if 400 <= exc.status < 500:

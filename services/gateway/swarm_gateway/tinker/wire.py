@@ -12,6 +12,7 @@ import zstandard
 from google.protobuf import descriptor_pool, message_factory
 from google.protobuf.message import DecodeError
 
+from swarm_contracts.inference import TokenLogprob
 from swarm_contracts.sessions import SessionDatum, SessionResult
 from swarm_gateway.tinker.records import SampleOutcome
 from swarm_gateway.tinker.wire_descriptor import FILE_DESCRIPTOR
@@ -36,6 +37,8 @@ _FLOAT32 = _DTYPE["DTYPE_FLOAT32"].number
 _INT64 = _DTYPE["DTYPE_INT64"].number
 _NUMPY = {_FLOAT32: np.float32, _INT64: np.int64}
 MAX_BODY = 64 << 20  # decompressed
+# The SDK's filling of a top-k position with fewer than k tokens (tinker.types.topk_logprobs).
+MASK_TOKEN, MASK_LOGPROB = 0, -99999.0
 
 
 class WireError(ValueError):
@@ -131,17 +134,34 @@ def encode_forward_backward_output(result: SessionResult) -> bytes:
     return bytes(out.SerializeToString())
 
 
+def _topk(message: Any, rows: list[list[TokenLogprob]] | list[list[TokenLogprob] | None]) -> None:
+    """``rows`` into a ``TopkLogprobs``: dense (length, k) int32 ids and float32 logprobs, k the
+    longest row's, a shorter row (or none: None) padded with the SDK's sentinels."""
+    k = max((len(row) for row in rows if row), default=0)
+    ids = np.full((len(rows), k), MASK_TOKEN, dtype=np.int32)
+    logprobs = np.full((len(rows), k), MASK_LOGPROB, dtype=np.float32)
+    for i, row in enumerate(rows):
+        for j, (token, logprob) in enumerate(row or ()):
+            ids[i, j], logprobs[i, j] = token, logprob
+    message.length, message.k = len(rows), k
+    message.token_ids, message.logprobs = ids.tobytes(), logprobs.tobytes()
+
+
 def encode_sample_response(outcome: SampleOutcome) -> bytes:
-    """The sampled sequences (int32 token ids, float32 log-probabilities) and the prompt's
-    log-probabilities (float32, NaN for the first token), as raw bytes."""
+    """The sampled sequences (int32 token ids, float32 log-probabilities, their top-k) and the
+    prompt's log-probabilities (float32, NaN for the first token) and top-k, as raw bytes."""
     out = SampleResponse()
     if outcome.prompt_logprobs is not None:
         scores = [np.nan if v is None else v for v in outcome.prompt_logprobs]
         out.prompt_logprobs = np.asarray(scores, dtype=np.float32).tobytes()
+    if outcome.topk_prompt_logprobs is not None:
+        _topk(out.topk_prompt_logprobs, outcome.topk_prompt_logprobs)
     for sequence in outcome.sequences:
         seq = out.sequences.add()
         seq.stop_reason = _STOP_REASON[sequence.stop_reason]
         seq.tokens = np.asarray(sequence.tokens, dtype=np.int32).tobytes()
         if sequence.logprobs is not None:
             seq.logprobs = np.asarray(sequence.logprobs, dtype=np.float32).tobytes()
+        if sequence.topk_logprobs is not None:
+            _topk(seq.topk_sampled_logprobs, sequence.topk_logprobs)
     return bytes(out.SerializeToString())
