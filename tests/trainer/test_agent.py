@@ -395,6 +395,44 @@ async def test_a_progress_event_that_nats_cannot_take_now_is_sent_once_it_can(
     await agent.broker.stop()
 
 
+async def test_the_attempt_s_own_events_go_out_through_a_nats_outage(
+    settings: Settings, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``started`` and the terminal events are retried like progress: a NATS restart just
+    after an assignment (found by tests/faults' restart test) must not fail the attempt."""
+    import swarm_trainer.control
+    from swarm_trainer.attempt import Attempt
+
+    def broken() -> None:
+        raise OSError("the store went away")
+
+    monkeypatch.setattr(swarm_trainer.control, "make_control", broken)
+    agent = await bare_agent(settings)
+    sent: list[str] = []
+    failures = iter([TimeoutError(), ConnectionError("nats: unexpected EOF")])
+
+    async def emit(event: Any, step: int | str = "") -> None:
+        failure = next(failures, None)
+        if failure is not None:
+            raise failure
+        sent.append(event.event)
+
+    monkeypatch.setattr(agent, "emit", emit)
+    job = make_assignment(open_store(settings), tiny_model_dir, worker_id="w-test", attempt=1)
+    record = JobRecord(
+        job_id=job.job_id,
+        tenant="default",
+        spec=job.spec,
+        state=JobState.running,
+        attempt=1,
+        worker_id="w-test",
+    )
+    await agent.jobs.create(job.job_id, record)
+    await Attempt(agent, job).run()
+    assert sent == ["failed"]  # after two tries NATS refused
+    await agent.broker.stop()
+
+
 async def test_an_agent_that_missed_the_pause_request_hands_the_job_back_at_its_next_check(
     settings: Settings, tiny_model_dir: Path
 ) -> None:

@@ -44,7 +44,7 @@ from swarm_trainer.hooks import LoopHooks
 from swarm_trainer.job_trace import JobTrace
 from swarm_trainer.metrics import TrainerMetrics
 from swarm_trainer.registration import Worker, lineage, register, trainers
-from swarm_trainer.report_events import job_event, send_advisory
+from swarm_trainer.report_events import job_event, send_through_outage
 from swarm_trainer.settings import TrainerSettings
 from swarm_trainer.signed_store import SignedAccess, SignedStore
 
@@ -213,7 +213,7 @@ class Attempt:
                 reason=self.release_reason or "handed back",
                 last_checkpoint_step=self.last_checkpoint_step,
             )
-        await self.host.emit(event)
+        await self._publish(event)
 
     # --- its run ---------------------------------------------------------------------------
 
@@ -256,7 +256,7 @@ class Attempt:
             if self.cancel_requested:
                 await self._report_stopped()
             elif not (self.superseded or self.reported):
-                await self.host.emit(self._failure(exc))
+                await self._publish(self._failure(exc))
         finally:
             self.host.let_go(self)
             if self.control is not None:
@@ -293,7 +293,7 @@ class Attempt:
         store = self.store
         resume = await asyncio.to_thread(starting_point, job, store)
         self.step = self.resumed_from = resume.step if resume is not None else 0
-        await self.host.emit(
+        await self._publish(
             Started(
                 job_id=job.job_id,
                 attempt=job.attempt,
@@ -344,13 +344,13 @@ class Attempt:
             await self._report_stopped()
         elif result is None:
             reason = "training stopped without a result"
-            await self.host.emit(Failed(job_id=job.job_id, attempt=job.attempt, reason=reason))
+            await self._publish(Failed(job_id=job.job_id, attempt=job.attempt, reason=reason))
         elif isinstance(result, ReplayReport):
             # A replay registers nothing: its measurements are its result.
             replayed = Replayed(
                 job_id=job.job_id, attempt=job.attempt, worker_id=self.host.worker_id, report=result
             )
-            await self.host.emit(replayed)
+            await self._publish(replayed)
         else:
             await self._finish(result)
 
@@ -390,7 +390,7 @@ class Attempt:
 
     async def _advise(self, report: reports.Report) -> None:
         """``_on_report``, whose events are advisory: one that cannot be published within
-        ``report_events.ADVISORY_RETRY_S`` is logged, and the training goes on (the checkpoints
+        ``report_events.EVENT_RETRY_S`` is logged, and the training goes on (the checkpoints
         and the result are in the store, the terminal event is the attempt's own)."""
         try:
             await self._on_report(report)
@@ -425,8 +425,11 @@ class Attempt:
         if event is not None:
             await self._publish(event, event.step)
 
-    async def _publish(self, event: JobEvent, step: int) -> None:
-        await send_advisory(self.host.emit, event, step, give_up=lambda: self.superseded)
+    async def _publish(self, event: JobEvent, step: int | str = "") -> None:
+        """Every event of the attempt goes out through a short NATS outage (a restart): its
+        message id makes a retried one that was stored after all a duplicate, which the
+        stream drops. A superseded attempt stops trying: the scheduler ignores its events."""
+        await send_through_outage(self.host.emit, event, step, give_up=lambda: self.superseded)
 
     async def _announce_checkpoint(self, report: reports.CheckpointReported) -> None:
         """Once Ray committed it: whoever reads the event may count on resuming from it."""
@@ -474,7 +477,7 @@ class Attempt:
         adapter = AdapterRef(
             name=version.name, version=version.version, store_key=version.store_key
         )
-        await host.emit(
+        await self._publish(
             Succeeded(
                 job_id=job.job_id,
                 attempt=job.attempt,

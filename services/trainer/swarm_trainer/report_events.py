@@ -18,22 +18,23 @@ from swarm_contracts.methods import PreferenceMetrics
 from swarm_contracts.workers import Assignment
 from swarm_trainer import reports
 
-# How long an advisory event (progress, evaluation, checkpoint) is retried while NATS is
-# unreachable (a restart, a dropped link) before it is logged and dropped: the reports wait in
-# the run's queue meanwhile, so a short outage costs no step's event.
-ADVISORY_RETRY_S = 60.0
+# How long an attempt's event is retried while NATS is unreachable (a restart, a dropped link)
+# before the attempt gives up on it: an advisory one (progress, evaluation, checkpoint) is
+# logged and dropped (the reports wait in the run's queue meanwhile, so a short outage costs no
+# step's event); ``started`` or a terminal event fails the attempt as any error would.
+EVENT_RETRY_S = 60.0
 
 
-async def send_advisory(
-    emit: Callable[[JobEvent, int], Awaitable[None]],
+async def send_through_outage(
+    emit: Callable[[JobEvent, int | str], Awaitable[None]],
     event: JobEvent,
-    step: int,
+    step: int | str,
     give_up: Callable[[], bool],
 ) -> None:
     """``emit`` the event, retried through an outage of NATS (its message id makes a retry of
     one stored after all a duplicate, which the stream drops) until ``give_up`` (a superseded
     attempt: the scheduler ignores its events anyway)."""
-    patience = stop_after_delay(ADVISORY_RETRY_S)
+    patience = stop_after_delay(EVENT_RETRY_S)
 
     def stop(state: RetryCallState) -> bool:
         return give_up() or patience(state)
