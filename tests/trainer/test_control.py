@@ -7,7 +7,14 @@ import time
 
 import pytest
 
-from swarm_trainer.control import CANCEL, RELEASE, close_control, drain, make_control
+from swarm_trainer.control import (
+    CANCEL,
+    RELEASE,
+    close_control,
+    drain,
+    make_control,
+    responsive,
+)
 from swarm_trainer.reports import Started
 
 
@@ -49,6 +56,11 @@ def test_a_dead_job_control_is_replaced_for_the_next_run() -> None:
 
     dead = make_control()
     ray.kill(dead.actor)
+    # A kill takes effect a little later: the actor is dead once a call says so.
+    deadline = time.monotonic() + 30
+    while responsive(dead.actor):
+        assert time.monotonic() < deadline, "the killed JobControl still answers"
+        time.sleep(0.05)
     control = make_control()
     assert control.actor._actor_id != dead.actor._actor_id
     ray.get(control.put(Started(resumed_from_step=5)))

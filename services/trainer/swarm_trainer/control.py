@@ -229,13 +229,13 @@ def make_control() -> RunControl:
     global _actor
     cluster = ray.get_runtime_context().gcs_address
     with _actor_lock:
-        if _actor is None or _actor[0] != cluster or not _answers(_actor[1]):
+        if _actor is None or _actor[0] != cluster or not responsive(_actor[1]):
             _actor = (cluster, JobControl.remote())  # type: ignore[attr-defined]
         actor = _actor[1]
     return RunControl(actor, uuid.uuid4().hex)
 
 
-def _answers(actor: Any) -> bool:
+def responsive(actor: Any) -> bool:
     # A live one answers in milliseconds; one too busy to answer in time is left to the runs
     # it has (a second actor costs a process, not correctness).
     try:
