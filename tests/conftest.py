@@ -20,6 +20,8 @@ import uvicorn
 
 from swarm_runtime.settings import Settings
 
+from .suite_order import DurationRecorder, SuiteScheduling, order
+
 # Trainer agents that tests start, in this process or as child processes (which inherit the
 # environment), skip their self-benchmark: seconds of CPU each on a loaded machine.
 # tests/trainer/test_benchmark.py turns it on where it is what is tested.
@@ -222,20 +224,26 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
         server.stop()
 
 
-def _weight(item: pytest.Item) -> int:
-    """0 for the multi-process tests (minutes each, a long timeout), 1 for other slow ones."""
-    timeout = item.get_closest_marker("timeout")
-    if timeout is not None and timeout.args and timeout.args[0] >= 900:
-        return 0
-    return 1 if item.get_closest_marker("slow") is not None else 2
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--record-durations",
+        action="store_true",
+        help="write each test file's time to tests/durations.json (make test's work order)",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.getoption("record_durations") and not hasattr(config, "workerinput"):
+        config.pluginmanager.register(DurationRecorder(), "swarm-durations")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The heaviest files first. `make test` hands out whole files to two workers in this
-    order (``--dist loadfile``): started last, a file of several minutes would keep one
-    worker busy long after the other ran out of work."""
-    rank: dict[str, int] = {}
-    for item in items:
-        path = item.nodeid.split("::")[0]
-        rank[path] = min(rank.get(path, 2), _weight(item))
-    items.sort(key=lambda item: rank[item.nodeid.split("::")[0]])
+    order(items)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> SuiteScheduling | None:
+    """`make test`'s ``--dist loadfile``, with the grouped directories (tests/suite_order.py)."""
+    if config.getoption("dist") == "loadfile":
+        return SuiteScheduling(config, log)
+    return None

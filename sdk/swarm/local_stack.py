@@ -247,23 +247,25 @@ class LocalStack:
         if "gateway" not in self.procs:
             return
         deadline = time.monotonic() + self.startup_timeout_s
-        while time.monotonic() < deadline:
-            dead = self.dead_services()
-            if dead:
-                raise StackError(self._crash_report(dead))
-            try:
-                if httpx.get(f"{self.gateway_url}/healthz", timeout=1.0).status_code == 200:
-                    self.console.print(f"[bold green]gateway ready[/] at {self.gateway_url}")
-                    env = {**os.environ, **self.extra_env}
-                    if not (env.get("SWARM_API_KEYS") or env.get("SWARM_ADMIN_KEYS")):
-                        self.console.print(
-                            "[bold yellow]auth is off:[/] every caller is an admin "
-                            "(set SWARM_API_KEYS before exposing the gateway; docs/security.md)"
-                        )
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
+        # One client for the polling: each new one loads the CA bundle (a fifth of a CPU-second).
+        with httpx.Client(timeout=1.0) as http:
+            while time.monotonic() < deadline:
+                dead = self.dead_services()
+                if dead:
+                    raise StackError(self._crash_report(dead))
+                try:
+                    if http.get(f"{self.gateway_url}/healthz").status_code == 200:
+                        self.console.print(f"[bold green]gateway ready[/] at {self.gateway_url}")
+                        env = {**os.environ, **self.extra_env}
+                        if not (env.get("SWARM_API_KEYS") or env.get("SWARM_ADMIN_KEYS")):
+                            self.console.print(
+                                "[bold yellow]auth is off:[/] every caller is an admin "
+                                "(set SWARM_API_KEYS before exposing the gateway; docs/security.md)"
+                            )
+                        return
+                except httpx.TransportError:
+                    pass
+                time.sleep(0.2)
         raise StackError(f"gateway not healthy after {self.startup_timeout_s:g}s")
 
     def dead_services(self) -> list[str]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import signal
@@ -99,6 +100,8 @@ class Procs:
                     os.killpg(proc.pid, signal.SIGKILL)
         for proc in self.procs.values():
             proc.wait(20)
+        if "http" in self.__dict__:
+            self.http.close()
 
     def logs(self) -> str:
         out = []
@@ -107,9 +110,16 @@ class Procs:
         return "\n".join(out)
 
     # --- through the gateway, like a user ---------------------------------------------------
-    @property
+    @functools.cached_property
     def http(self) -> httpx.Client:
-        return httpx.Client(base_url=f"http://127.0.0.1:{self.gateway_port}", timeout=30)
+        # One client for the test: a new one per call loads the CA bundle each time (for a
+        # plain-HTTP gateway), which was most of the polling loops' CPU. No keep-alive, so a
+        # restarted gateway is met on a new connection, as before.
+        return httpx.Client(
+            base_url=f"http://127.0.0.1:{self.gateway_port}",
+            timeout=30,
+            limits=httpx.Limits(max_keepalive_connections=0),
+        )
 
     def wait_gateway(self) -> None:
         for _ in range(300):

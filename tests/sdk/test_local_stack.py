@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -38,16 +39,16 @@ def test_swarm_up_serves_the_readme_tour_and_ctrl_c_stops_every_process(tmp_path
     }
     swarm = Path(sys.executable).with_name("swarm")
     proc = subprocess.Popen([str(swarm), "up", "--root", str(tmp_path / ".swarm")], env=env)
+    http = httpx.Client(base_url=f"http://127.0.0.1:{gateway_port}", timeout=10)
     try:
         deadline = time.monotonic() + 90
         while True:
             assert proc.poll() is None, "swarm up exited early"
             assert time.monotonic() < deadline, "gateway never became healthy"
-            try:
-                if httpx.get(f"http://127.0.0.1:{gateway_port}/healthz", timeout=1).is_success:
+            with contextlib.suppress(httpx.TransportError):
+                if http.get("/healthz").is_success:
                     break
-            except httpx.TransportError:
-                time.sleep(0.3)
+            time.sleep(0.3)
         children = psutil.Process(proc.pid).children(recursive=True)
         commands = " ".join(" ".join(c.cmdline()) for c in children)
         for name in (
@@ -60,7 +61,7 @@ def test_swarm_up_serves_the_readme_tour_and_ctrl_c_stops_every_process(tmp_path
         ):
             assert name in commands
         # The trainer heartbeats through the whole chain: it shows up as a worker.
-        while not httpx.get(f"http://127.0.0.1:{gateway_port}/v1/workers").json()["data"]:
+        while not http.get("/v1/workers").json()["data"]:
             assert time.monotonic() < deadline, "no worker appeared"
             time.sleep(0.5)
 
@@ -81,6 +82,7 @@ def test_swarm_up_serves_the_readme_tour_and_ctrl_c_stops_every_process(tmp_path
         _, alive = psutil.wait_procs(children, timeout=20)
         assert alive == [], [p.cmdline() for p in alive]
     finally:
+        http.close()
         if proc.poll() is None:
             proc.kill()
 

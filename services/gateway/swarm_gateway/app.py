@@ -27,7 +27,7 @@ from swarm_gateway.auth import parse_api_keys
 from swarm_gateway.errors import STATUS_OF_CODE
 from swarm_gateway.fine_tune_records import FineTune
 from swarm_gateway.inference_workers import InferenceWorkers
-from swarm_gateway.methods import MethodsMiddleware
+from swarm_gateway.methods import MethodsMiddleware, route_operations
 from swarm_gateway.openai_errors import (
     OpenAIError,
     is_openai,
@@ -287,5 +287,5 @@ def create_app(
         return app.openapi_schema
 
     app.openapi = document  # type: ignore[method-assign]
-    app.add_middleware(MethodsMiddleware, document=document)
+    app.add_middleware(MethodsMiddleware, operations=lambda: route_operations(app.routes))
     return app
