@@ -44,10 +44,11 @@ chromium:
 demo: setup
 	$(VENV)/bin/swarm demo
 
-# mypy runs beside the tests (its minute of CPU overlaps their waits on other processes);
-# either failing fails the target. Files go to the two workers whole, heaviest first in
-# tests/conftest.py's order: xdist would otherwise hand out the files with the most tests
-# first, so the one-test fault files of several minutes each started last.
+# mypy runs beside the tests (its CPU overlaps their waits on other processes); either
+# failing fails the target. Files go to the two workers whole (tests/e2e and tests/dashboard
+# each whole: one session stack), longest first by tests/durations.json
+# (tests/suite_order.py): xdist would otherwise hand out the files with the most tests first,
+# so the one-test fault files of minutes each started last.
 test: setup chromium
 	$(VENV)/bin/ruff check .
 	@$(MAKE) --no-print-directory typecheck > .typecheck.log 2>&1 & mypy=$$!; \
