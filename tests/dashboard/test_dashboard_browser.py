@@ -222,7 +222,8 @@ def test_with_auth_on_the_page_asks_for_a_key_and_keeps_it(
     settings: Settings, browser: Chrome
 ) -> None:
     keyed = GatewaySettings.of(settings, api_keys="dash-secret-key=acme")
-    with ServerThread(create_app(keyed)) as server:
+    app = create_app(keyed)
+    with ServerThread(app) as server:
         browser.get(server.url + "/dashboard")
         # No key yet: every call is a 401, and the page says what to do.
         banner = browser.find_element(By.ID, "auth-banner")
@@ -239,6 +240,11 @@ def test_with_auth_on_the_page_asks_for_a_key_and_keeps_it(
         note = browser.find_element(By.ID, "workers-note")
         until(browser, lambda _: note.is_displayed())
         assert "admin" in note.text
+        # The training sessions panel draws the tenant's calls per op, once one settles (what
+        # Calls.on_timed records; tests/dashboard/test_dashboard_tinker.py drives real ones).
+        app.state.metrics.tinker_settled("optim_step", "done", "acme", 0.3, 0.04)
+        call_row = '#tinker-calls tr[data-op="optim_step"][data-done="1"]'
+        until(browser, lambda d: "≤ 0.05" in d.find_element(By.CSS_SELECTOR, call_row).text)
 
         # Kept in this browser: a reload is authorised without typing the key again.
         stored = browser.execute_script("return localStorage.getItem('swarm.apiKey')")

@@ -48,6 +48,7 @@ from swarm_gateway.routes import (
     openai_files,
     sweeps,
     tinker,
+    tinker_overview,
     tinker_sampling,
     workers,
 )
@@ -176,14 +177,17 @@ def create_app(
         futures = RecordTable(await kv_bucket(js, subjects, "tinker_futures"), FutureRecord)
         calls = Calls(nc, subjects, futures)
         await calls.start()
+        models = RecordTable(await kv_bucket(js, subjects, "tinker_models"), ModelRecord)
+        model_list = RecordCache(models)
+        await model_list.start()
         app.state.tinker = tinker.Tables(
             sessions=RecordTable(await kv_bucket(js, subjects, "tinker_sessions"), SessionRecord),
-            models=RecordTable(await kv_bucket(js, subjects, "tinker_models"), ModelRecord),
+            models=models,
             futures=futures,
             calls=calls,
             samplers=RecordTable(await kv_bucket(js, subjects, "tinker_samplers"), SamplerRecord),
+            model_list=model_list,
         )
-        models = app.state.tinker.models
 
         async def restore(future: FutureRecord) -> str:
             # A call no worker heard: its model is built again on another worker.
@@ -195,7 +199,7 @@ def create_app(
         def timed(future: FutureRecord) -> None:
             total = (future.done_at or time.time()) - future.sent_at
             compute = future.result.compute_s if future.result is not None else None
-            metrics.tinker_settled(future.op, future.state, total, compute)
+            metrics.tinker_settled(future.op, future.state, future.tenant, total, compute)
 
         calls.on_timed = timed
         log.info("gateway connected to %s (namespace %r)", settings.nats_url, settings.namespace)
@@ -207,6 +211,7 @@ def create_app(
         finally:
             await job_list.stop()
             await fine_tune_list.stop()
+            await model_list.stop()
             with contextlib.suppress(nats.errors.Error):
                 await calls.stop()
             # Samples still running: their futures read as failed at their deadline.
@@ -275,6 +280,7 @@ def create_app(
         (fine_tuning.router, "openai"),
         (tinker.router, "tinker"),
         (tinker_sampling.router, "tinker"),
+        (tinker_overview.router, "tinker_overview"),
     ):
         app.include_router(router, responses=openapi_doc.responses(kind))
     app.include_router(dashboard.router)

@@ -23,6 +23,7 @@ ASSETS: dict[str, str] = {
     "dashboard.js": "text/javascript; charset=utf-8",
     "chart.js": "text/javascript; charset=utf-8",
     "sweeps.js": "text/javascript; charset=utf-8",
+    "tinker.js": "text/javascript; charset=utf-8",
     "dashboard.css": "text/css; charset=utf-8",
 }
 

@@ -75,6 +75,8 @@ ROUTER_STATUSES: dict[str, tuple[int, ...]] = {
     "openai": (400, 401, 403, 404, 409, 413, 502, 503),
     # The Tinker training API (routes.tinker): FastAPI's error shape, which the SDK reads.
     "tinker": (*COMMON, *REFUSALS, 400),
+    # The dashboard's view of the Tinker sessions (routes.tinker_overview): reads only.
+    "tinker_overview": COMMON,
 }
 OPENAI_ROUTERS = ("inference", "openai")
 

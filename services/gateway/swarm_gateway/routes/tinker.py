@@ -52,6 +52,7 @@ from swarm_gateway.tinker.wire import (
     encode_forward_backward_output,
     encode_sample_response,
 )
+from swarm_runtime.record_cache import RecordCache
 from swarm_runtime.records import RecordTable
 from swarm_runtime.rpc import Refused
 
@@ -76,9 +77,12 @@ class Tables:
         futures: RecordTable[FutureRecord],
         calls: Calls,
         samplers: RecordTable[SamplerRecord],
+        model_list: RecordCache[ModelRecord],
     ) -> None:
         self.sessions = sessions
         self.models = models
+        # The models as a watch keeps them: the dashboard's listing, polled every second.
+        self.model_list = model_list
         self.futures = futures
         self.calls = calls
         self.samplers = samplers

@@ -482,7 +482,9 @@ function setupPlayground() {
 // --- the loop -------------------------------------------------------------------------------
 
 async function tick() {
-  const loads = [loadJobs(), loadWorkers(), loadSelected(), loadSweeps(), loadSelectedSweep()];
+  const loads = [
+    loadJobs(), loadWorkers(), loadSelected(), loadSweeps(), loadSelectedSweep(), loadTinker(),
+  ];
   if (state.ticks++ % MODELS_EVERY === 0) loads.push(loadModels());
   const results = await Promise.allSettled(loads);
   const failed = results.find((r) => r.status === "rejected");
