@@ -210,8 +210,8 @@ def test_the_stock_sdk_samples_its_trained_weights_through_the_inference_service
     with pytest.raises(tinker.BadRequestError, match="topk_sample_logprobs"):
         sampler.sample(prompt, 1, greedy, topk_sample_logprobs=21).result(timeout=60)
     with pytest.raises(tinker.BadRequestError, match="prompt_logprobs_last_n"):
-        sampler.sample(
-            prompt, 1, greedy, include_prompt_logprobs=True, prompt_logprobs_last_n=2
+        sampler.sample(  # past the prompt's 5 scored positions
+            prompt, 1, greedy, include_prompt_logprobs=True, prompt_logprobs_last_n=6
         ).result(timeout=60)
     with pytest.raises(tinker.BadRequestError, match="temperature"):
         sampler.sample(
@@ -222,6 +222,75 @@ def test_the_stock_sdk_samples_its_trained_weights_through_the_inference_service
             model_path=f"tinker://{training.model_id}/sampler_weights/never-saved"
         ).result(timeout=60)
     service.close("success").result(timeout=60)  # no heartbeats left behind
+
+
+def test_the_stock_sdk_scores_chosen_ids_and_draws_alternatives_at_each_prompt_position(
+    stack: Stack,
+) -> None:
+    """target_prompt_logprobs, prompt_alt_tokens_k and prompt_logprobs_last_n from the inference
+    workers' prefill, checked against the prompt's own log-probabilities (compute_logprobs)."""
+    service = tinker.ServiceClient(base_url=stack.local.gateway_url, api_key="tml-local")
+    sampler = service.create_sampling_client(base_model="tiny-llama").result(timeout=60)
+    prompt = types.ModelInput.from_ints(TOKENS[:6])
+    own = sampler.compute_logprobs(prompt).result(timeout=120)
+    one = types.SamplingParams(max_tokens=1, temperature=1.0, seed=3, stop=[])
+    ids = torch.full((5, 2), -1, dtype=torch.int64)
+    ids[:, 0] = torch.tensor(TOKENS[1:6])  # each position's own token...
+    ids[2, 1] = 7  # ...and another id at one
+
+    def ask() -> types.SampleResponse:
+        return sampler.sample(
+            prompt,
+            1,
+            one,
+            include_prompt_logprobs=True,
+            topk_prompt_logprobs=2,
+            prompt_logprobs_last_n=2,
+            target_prompt_logprobs=types.TensorData.from_torch(ids),
+            prompt_alt_tokens_k=4,
+        ).result(timeout=120)
+
+    out = ask()
+    target = out.target_prompt_logprobs
+    assert target is not None
+    assert target.shape == [5, 2]
+    scores = target.to_torch()
+    assert scores[:, 0].tolist() == pytest.approx(own[1:], abs=1e-5)
+    assert scores[2, 1] < 0
+    assert scores[[0, 1, 3, 4], 1].tolist() == [0.0] * 4  # the -1 cells
+    # The last 2 prompt tokens only (the SDK checks that too).
+    assert out.prompt_logprobs is not None
+    assert out.prompt_logprobs[:4] == [None] * 4
+    assert out.prompt_logprobs[4:] == pytest.approx(own[4:], abs=1e-5)
+    assert out.topk_prompt_logprobs is not None
+    assert out.topk_prompt_logprobs[:4] == [None] * 4
+    assert all(top is not None and len(top) == 2 for top in out.topk_prompt_logprobs[4:])
+    # Draws at each position after the first, with the model's log-probabilities of them:
+    # what scoring those ids as targets (sparse, at the last position only) answers.
+    alt = out.prompt_alt_tokens
+    assert alt is not None
+    assert alt.tokens.shape == alt.logprobs.shape == [5, 4]
+    drawn = alt.tokens.to_torch()
+    only_last = torch.full((5, 4), -1, dtype=torch.int64)
+    only_last[4] = drawn[4]
+    sparse = types.TensorData.from_torch_sparse(only_last, pad_value=-1)
+    assert sparse.sparse_crow_indices is not None
+    scored = sampler.sample(prompt, 1, one, target_prompt_logprobs=sparse).result(timeout=120)
+    assert scored.target_prompt_logprobs is not None
+    assert scored.target_prompt_logprobs.sparse_crow_indices == sparse.sparse_crow_indices
+    assert scored.target_prompt_logprobs.to_torch()[4].tolist() == pytest.approx(
+        alt.logprobs.to_torch()[4].tolist(), abs=1e-5
+    )
+    again = ask().prompt_alt_tokens
+    assert again is not None
+    assert torch.equal(again.tokens.to_torch(), drawn)  # seeded: the same draws
+
+    with pytest.raises(tinker.BadRequestError, match="prompt_alt_tokens_k"):
+        sampler.sample(prompt, 1, one, prompt_alt_tokens_k=21).result(timeout=60)
+    wrong = types.TensorData.from_torch(torch.ones((3, 1), dtype=torch.int64))
+    with pytest.raises(tinker.BadRequestError, match="target_prompt_logprobs"):
+        sampler.sample(prompt, 1, one, target_prompt_logprobs=wrong).result(timeout=60)
+    service.close("success").result(timeout=60)
 
 
 def _reward(tokens: list[int]) -> float:

@@ -12,7 +12,7 @@ import pytest
 import torch
 from transformers import MistralConfig, MistralForCausalLM
 
-from swarm_generation.batch import Completion, generate
+from swarm_generation.batch import Completion, Row, RunningBatch, generate
 from swarm_generation.sampling import SamplingParams
 from swarm_trainer.tiny_model import tiny_config
 
@@ -136,3 +136,59 @@ def test_seeded_sampling_gives_the_same_completions_at_any_batch_size(
 def test_nothing_to_complete_is_no_completion(tiny: tuple[Any, Any]) -> None:
     model, tokenizer = tiny
     assert generate(model, tokenizer, [], SamplingParams(temperature=0.0), CPU) == []
+
+
+def test_prompt_targets_and_alternatives_match_the_models_forward(tiny: tuple[Any, Any]) -> None:
+    """From a padded prefill shared by prompts of other lengths: the named ids' log-probabilities
+    at each prompt position (0.0 where a cell names none) and draws whose log-probabilities are
+    the model's own there; a seeded row draws the same in any batch and samples the same
+    tokens as without them."""
+    model, tokenizer = tiny
+    prompts = encoded(tokenizer)[:3]
+    long = prompts[1]
+    n = len(long)
+    targets = tuple((long[p + 1], -1 if p % 2 else 7, 3) for p in range(n - 1))
+    asked = SamplingParams(
+        max_tokens=4, temperature=1.0, seed=11, prompt_targets=targets, prompt_alt_tokens=5
+    )
+    plain = SamplingParams(max_tokens=4, temperature=1.0, seed=11)
+
+    def run(params: list[SamplingParams], ids: list[list[int]]) -> list[Row]:
+        batch: RunningBatch[Row] = RunningBatch(model, tokenizer, CPU)
+        rows = [Row.new(tokenizer, p, q) for p, q in zip(ids, params, strict=True)]
+        with torch.no_grad():
+            batch.prefill(rows)
+            while batch.rows:
+                batch.decode()
+                batch.retire()
+        return rows
+
+    crowd = run([plain, asked, plain], prompts)
+    row = crowd[1]
+    with torch.no_grad():
+        every = model(torch.tensor([long])).logits[0, :-1].float().log_softmax(-1)
+    assert row.prompt_target_logprobs is not None
+    got = torch.tensor(row.prompt_target_logprobs)
+    assert got.shape == (n - 1, 3)
+    expected = every.gather(1, torch.tensor(targets).clamp(min=0))
+    expected[1::2, 1] = 0.0  # the -1 cells
+    assert torch.allclose(got, expected, atol=1e-4)
+    assert row.prompt_alt_tokens is not None
+    assert len(row.prompt_alt_tokens) == n - 1
+    for position, draws in enumerate(row.prompt_alt_tokens):
+        assert len(draws) == 5
+        for token, logprob in draws:
+            assert logprob == pytest.approx(float(every[position, token]), abs=1e-4)
+    assert crowd[0].prompt_alt_tokens is None
+    assert crowd[0].prompt_target_logprobs is None
+    alone = run([asked], [long])[0]
+    assert alone.prompt_alt_tokens is not None
+    assert [[t for t, _ in d] for d in alone.prompt_alt_tokens] == [
+        [t for t, _ in d] for d in row.prompt_alt_tokens
+    ]
+    assert alone.tokens == run([plain], [long])[0].tokens  # its sampling stream is untouched
+    # Greedy: the best token, k times.
+    greedy_row = run([SamplingParams(max_tokens=1, temperature=0, prompt_alt_tokens=2)], [long])[0]
+    assert greedy_row.prompt_alt_tokens is not None
+    best = every.argmax(-1).tolist()
+    assert [[t for t, _ in d] for d in greedy_row.prompt_alt_tokens] == [[b, b] for b in best]

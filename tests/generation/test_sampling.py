@@ -7,7 +7,16 @@ import math
 import pytest
 import torch
 
-from swarm_generation.sampling import SamplingParams, generator_for, next_tokens, nucleus, top_k
+from swarm_generation.sampling import (
+    SamplingParams,
+    alternatives_generator,
+    draw_alternatives,
+    generator_for,
+    next_tokens,
+    nucleus,
+    target_logprobs,
+    top_k,
+)
 
 
 def test_a_row_with_allowed_ids_takes_one_of_them_and_the_others_are_untouched() -> None:
@@ -79,3 +88,48 @@ def test_a_seeded_row_draws_the_same_tokens_and_top_k_and_top_p_cut_the_tail() -
 def test_settings_out_of_range_are_refused(bad: dict[str, float]) -> None:
     with pytest.raises(ValueError, match=next(iter(bad))):
         SamplingParams(**bad)  # type: ignore[arg-type]
+
+
+def test_alternatives_are_draws_at_the_temperature_with_the_models_own_logprobs() -> None:
+    """Many draws at one position follow softmax(logits / T); a token of no probability is
+    never drawn; each draw's log-probability is the model's own (T = 1) at that id."""
+    logits = torch.tensor([[2.0, 0.0, 1.0, -math.inf], [0.0, 0.0, 3.0, -math.inf]])
+    own = torch.log_softmax(logits, dim=-1)
+    generator = torch.Generator().manual_seed(0)
+    ids, logprobs = draw_alternatives(logits, own, 20_000, 0.5, generator)
+    assert ids.shape == logprobs.shape == (2, 20_000)
+    assert not (ids == 3).any()
+    for row in range(2):
+        counts = torch.bincount(ids[row], minlength=4).float() / ids.shape[1]
+        assert torch.allclose(counts, torch.softmax(logits[row] / 0.5, -1), atol=0.015)
+    assert torch.equal(logprobs, own.gather(1, ids))
+    # The same seed, the same draws; greedy: the best token k times.
+    again = draw_alternatives(logits, own, 20_000, 0.5, torch.Generator().manual_seed(0))[0]
+    assert torch.equal(again, ids)
+    best, best_logprobs = draw_alternatives(logits, own, 3, 0.0, None)
+    assert best.tolist() == [[0, 0, 0], [2, 2, 2]]
+    assert torch.equal(best_logprobs, own.gather(1, best))
+
+
+def test_target_logprobs_gather_each_rows_ids_and_zero_where_none_is_asked() -> None:
+    logprobs = torch.log_softmax(torch.tensor([[1.0, 2.0, 3.0], [3.0, 2.0, 1.0]]), dim=-1)
+    targets = torch.tensor([[2, -1], [-1, 0]])
+    values = target_logprobs(logprobs, targets)
+    assert values.tolist() == [
+        [pytest.approx(float(logprobs[0, 2])), 0.0],
+        [0.0, pytest.approx(float(logprobs[1, 0]))],
+    ]
+
+
+def test_alternatives_have_a_stream_of_their_own() -> None:
+    """Asking for prompt alternatives leaves a seeded row's sampling stream alone."""
+    params = SamplingParams(seed=4, prompt_alt_tokens=2)
+    assert alternatives_generator(SamplingParams(seed=4)) is None
+    assert alternatives_generator(SamplingParams(temperature=0, prompt_alt_tokens=2)) is None
+    mine = alternatives_generator(params)
+    rows = generator_for(params)
+    assert mine is not None
+    assert rows is not None
+    assert not torch.equal(torch.rand(8, generator=mine), torch.rand(8, generator=rows))
+    with pytest.raises(ValueError, match="as wide"):
+        SamplingParams(prompt_targets=((1, 2), (3,)))

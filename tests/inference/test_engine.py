@@ -325,3 +325,35 @@ async def test_more_adapters_than_slots_are_all_served(tiny_model_dir: Path, sou
         got = await asyncio.gather(*(small.complete(ids, GREEDY, s) for s in sources.values()))
         assert [g.text for g in got] == list(want.values())
         assert small.adapters.evictions >= 4
+
+
+async def test_prompt_targets_and_alternatives_come_with_the_last_piece(
+    engine: Engine, tiny_model_dir: Path
+) -> None:
+    """The engine's prefill answers the named ids' log-probabilities and the draws at each
+    prompt position, as the model's forward computes them."""
+    prompt = engine.encode(PROMPTS[1])
+    targets = tuple((prompt[p + 1], -1) for p in range(len(prompt) - 1))
+    params = SamplingParams(
+        max_tokens=2, temperature=0.7, seed=2, prompt_targets=targets, prompt_alt_tokens=3
+    )
+    piece, other = await asyncio.gather(
+        engine.complete(prompt, params), engine.complete(engine.encode(PROMPTS[2]), GREEDY)
+    )
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, use_safetensors=True).eval()
+    with torch.no_grad():
+        every = model(torch.tensor([prompt])).logits[0, :-1].float().log_softmax(-1)
+    assert piece.prompt_target_logprobs is not None
+    got = torch.tensor(piece.prompt_target_logprobs)
+    expected = every.gather(1, torch.tensor(prompt[1:])[:, None])[:, 0]
+    assert torch.allclose(got[:, 0], expected, atol=1e-4)
+    assert (got[:, 1] == 0.0).all()
+    assert piece.prompt_alt_tokens is not None
+    assert [len(d) for d in piece.prompt_alt_tokens] == [3] * (len(prompt) - 1)
+    for position, draws in enumerate(piece.prompt_alt_tokens):
+        for token, logprob in draws:
+            assert logprob == pytest.approx(float(every[position, token]), abs=1e-4)
+    assert other.prompt_alt_tokens is None
+    assert other.prompt_target_logprobs is None

@@ -26,7 +26,15 @@ import torch
 from transformers import DynamicCache, PreTrainedTokenizerBase
 
 from swarm_generation.kv_batch import KvBatch, cache_splices
-from swarm_generation.sampling import Alternatives, SamplingParams, generator_for, next_tokens
+from swarm_generation.sampling import (
+    Alternatives,
+    SamplingParams,
+    alternatives_generator,
+    draw_alternatives,
+    generator_for,
+    next_tokens,
+    target_logprobs,
+)
 from swarm_generation.text_stream import IncrementalDetokenizer, StopStrings
 
 # (input_ids, attention_mask, position_ids, cache, rows, every_position) -> logits
@@ -85,6 +93,11 @@ class Row:
     # When asked (params.prompt_top_logprobs): each prompt position's most likely tokens
     # (the first has none: None).
     prompt_top_logprobs: list[Alternatives | None] | None = None
+    # When asked (params.prompt_targets): the log-probabilities of those ids, row for row.
+    prompt_target_logprobs: list[list[float]] | None = None
+    # When asked (params.prompt_alt_tokens): each prompt position's draws after the first.
+    prompt_alt_tokens: list[Alternatives] | None = None
+    alt_generator: torch.Generator | None = None
     finish_reason: str | None = None  # "stop" or "length" once done
     done: bool = False
     aborted: bool = False  # nobody waits for it any more: it leaves at the next step
@@ -130,6 +143,7 @@ def row_fields(
         "detokenizer": IncrementalDetokenizer(tokenizer, prompt_ids),
         "stops": StopStrings(params.stop),
         "generator": generator_for(params),
+        "alt_generator": alternatives_generator(params),
     }
 
 
@@ -262,20 +276,28 @@ class RunningBatch(Generic[R]):
 
 def scores_prompt(params: SamplingParams) -> bool:
     """Does the row's prefill keep every position's logits (prompt log-probabilities)?"""
-    return params.prompt_logprobs or params.prompt_top_logprobs > 0
+    return (
+        params.prompt_logprobs
+        or params.prompt_top_logprobs > 0
+        or params.prompt_targets is not None
+        or params.prompt_alt_tokens > 0
+    )
 
 
 def score_prompts(rows: Iterable[Row], logits: torch.Tensor) -> None:
-    """Each asking row's prompt tokens' log-probabilities, and the most likely tokens at each
-    position when asked, from a left-padded prefill's logits at every position (the logits at
-    position ``p`` predict the token at ``p + 1``); on the device, one row at a time."""
+    """Each asking row's prompt tokens' log-probabilities, and when asked the most likely
+    tokens at each position, the log-probabilities of the ids it names and draws from each
+    position's distribution, from a left-padded prefill's logits at every position (the logits
+    at position ``p`` predict the token at ``p + 1``); on the device, one row at a time, each
+    a few ops over all its positions."""
     width = logits.shape[1]
     for i, row in enumerate(rows):
         if not scores_prompt(row.params):
             continue
         n = len(row.prompt_ids)
         start = width - n  # the row's first prompt token, after its padding
-        predicted = logits[i, start : width - 1].float().log_softmax(-1)
+        raw = logits[i, start : width - 1]
+        predicted = raw.float().log_softmax(-1)
         targets = torch.tensor(row.prompt_ids[1:], device=logits.device)[:, None]
         scores = predicted.gather(1, targets)[:, 0].tolist()
         row.prompt_logprobs = [float("nan"), *scores]
@@ -286,6 +308,20 @@ def score_prompts(rows: Iterable[Row], logits: torch.Tensor) -> None:
             for row_ids, row_values in zip(ids.cpu().tolist(), values.cpu().tolist(), strict=True):
                 top.append(list(zip(row_ids, row_values, strict=True)))
             row.prompt_top_logprobs = top
+        if row.params.prompt_targets is not None:
+            targets = torch.tensor(row.params.prompt_targets, device=logits.device)
+            row.prompt_target_logprobs = target_logprobs(predicted, targets).tolist()
+        k = row.params.prompt_alt_tokens
+        if k > 0:
+            drawn, drawn_logprobs = draw_alternatives(
+                raw, predicted, k, row.params.temperature, row.alt_generator
+            )
+            row.prompt_alt_tokens = [
+                list(zip(row_ids, row_values, strict=True))
+                for row_ids, row_values in zip(
+                    drawn.cpu().tolist(), drawn_logprobs.cpu().tolist(), strict=True
+                )
+            ]
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,12 @@ class SamplingParams:
     prompt_logprobs: bool = False
     # The k most likely tokens at each prompt position after the first (0: none).
     prompt_top_logprobs: int = 0
+    # Token ids to score at each prompt position after the first: one row per position, all
+    # rows as wide, -1 in a cell that asks for nothing (the Tinker API's target logprobs).
+    prompt_targets: tuple[tuple[int, ...], ...] | None = None
+    # Draws (with replacement, at this temperature) from the model's distribution at each
+    # prompt position after the first (the Tinker API's prompt_alt_tokens_k; 0: none).
+    prompt_alt_tokens: int = 0
     # Generate max_tokens whatever the model says (benchmarks: equal work on every side).
     ignore_eos: bool = False
 
@@ -49,8 +55,10 @@ class SamplingParams:
             raise ValueError("top_p must be in (0, 1]")
         if self.top_k == 0 or self.top_k < -1:
             raise ValueError("top_k must be -1 (no limit) or at least 1")
-        if self.top_logprobs < 0 or self.prompt_top_logprobs < 0:
-            raise ValueError("top_logprobs and prompt_top_logprobs must be >= 0")
+        if self.top_logprobs < 0 or self.prompt_top_logprobs < 0 or self.prompt_alt_tokens < 0:
+            raise ValueError("top_logprobs, prompt_top_logprobs, prompt_alt_tokens must be >= 0")
+        if self.prompt_targets is not None and len({len(r) for r in self.prompt_targets}) > 1:
+            raise ValueError("prompt_targets: every row must be as wide")
 
     @property
     def greedy(self) -> bool:
@@ -66,6 +74,54 @@ def generator_for(params: SamplingParams) -> torch.Generator | None:
     else:
         generator.manual_seed(params.seed)
     return generator
+
+
+def alternatives_generator(params: SamplingParams) -> torch.Generator | None:
+    """The generator of a row's prompt alternatives: its own, so that asking for them leaves
+    the row's sampled tokens as they are; seeded from the row's seed (mixed, so that it is no
+    other row's sampling stream: the Tinker API seeds sample ``i`` with ``seed + i``)."""
+    if params.greedy or params.prompt_alt_tokens == 0:
+        return None
+    generator = torch.Generator()
+    if params.seed is None:
+        generator.seed()
+    else:
+        generator.manual_seed((params.seed * 0x9E3779B97F4A7C15 + 1) % 2**64)
+    return generator
+
+
+def draw_alternatives(
+    logits: torch.Tensor,
+    logprobs: torch.Tensor,
+    k: int,
+    temperature: float,
+    generator: torch.Generator | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``k`` independent draws with replacement at every row of ``logits`` ([positions,
+    vocab]) at ``temperature`` (0: the best token, k times), and their log-probabilities
+    under ``logprobs`` (the model's own, [positions, vocab]): ([positions, k] ids, the same
+    shape of log-probabilities). One inverse-CDF search on the device for every position at
+    once; the uniforms come from ``generator`` on the CPU, so that a seed draws the same on
+    any device (up to the rounding of the cumulative sums)."""
+    n = logits.shape[0]
+    if temperature == 0:
+        ids = logits.argmax(dim=-1, keepdim=True).expand(n, k)
+    else:
+        cdf = torch.softmax(logits.float() / temperature, dim=-1).cumsum_(dim=-1)
+        uniforms = torch.rand((n, k), generator=generator).to(logits.device)
+        # Scaled by each row's total: a sum that rounds below 1 never runs past the vocabulary,
+        # and right=True skips tokens of no probability (their sum equals the one before).
+        ids = torch.searchsorted(cdf, uniforms * cdf[:, -1:], right=True)
+        ids = ids.clamp_(max=logits.shape[-1] - 1)
+    return ids, logprobs.gather(1, ids)
+
+
+def target_logprobs(logprobs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Each row of ``logprobs`` ([positions, vocab]) at the ids of the same row of
+    ``targets`` ([positions, width], -1: none), 0.0 where a cell asks for none: one gather."""
+    asked = targets >= 0
+    values = logprobs.gather(1, targets.clamp(min=0))
+    return values.masked_fill_(~asked, 0.0)
 
 
 def nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:

@@ -96,6 +96,10 @@ class Piece:
     # best first; and each prompt position's (the first has none: None).
     top_logprobs: list[Alternatives] | None = None
     prompt_top_logprobs: list[Alternatives | None] | None = None
+    # When asked: the log-probabilities of the ids ``params.prompt_targets`` names, row for
+    # row (0.0 where a cell names none); each prompt position's draws after the first.
+    prompt_target_logprobs: list[list[float]] | None = None
+    prompt_alt_tokens: list[Alternatives] | None = None
     # Before the last piece, with logprobs: the tokens this piece's text comes from (those
     # since the last piece), their log-probabilities and alternatives, for a stream that
     # sends each token's with its text (the last piece's are the rest of the whole lists).
@@ -165,6 +169,8 @@ class _Sequence(Row):
             ),
             top_logprobs=list(self.top_logprobs) if self.params.top_logprobs else None,
             prompt_top_logprobs=self.prompt_top_logprobs,
+            prompt_target_logprobs=self.prompt_target_logprobs,
+            prompt_alt_tokens=self.prompt_alt_tokens,
         )
 
 

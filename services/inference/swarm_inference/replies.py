@@ -76,6 +76,8 @@ class Replier:
         prompt_logprobs: list[float | None] | None = None,
         top_logprobs: list[list[TokenLogprob]] | None = None,
         prompt_top_logprobs: list[list[TokenLogprob] | None] | None = None,
+        prompt_target_logprobs: list[list[float]] | None = None,
+        prompt_alt_tokens: list[list[TokenLogprob]] | None = None,
         token_texts: dict[int, str] | None = None,
     ) -> None:
         """The end: a ``done`` chunk, or the one result; either carries ``tokens``,
@@ -86,6 +88,8 @@ class Replier:
             "prompt_logprobs": prompt_logprobs,
             "top_logprobs": top_logprobs,
             "prompt_top_logprobs": prompt_top_logprobs,
+            "prompt_target_logprobs": prompt_target_logprobs,
+            "prompt_alt_tokens": prompt_alt_tokens,
             "token_texts": token_texts,
         }
         self.finished = True

@@ -124,6 +124,12 @@ class VllmEngine:
             # vLLM's structured-output options change between its releases; until one is
             # pinned and tested here, JSON formats are the batched engine's only.
             raise InvalidRequest("response_format json is not supported by the vLLM backend")
+        # vLLM's prompt logprobs are each position's top-k and the prompt's own token: neither
+        # chosen ids nor draws; the batched engine serves those.
+        if params.prompt_targets is not None:
+            raise InvalidRequest("prompt_target_ids are not supported by the vLLM backend")
+        if params.prompt_alt_tokens:
+            raise InvalidRequest("prompt_alt_tokens are not supported by the vLLM backend")
         # Our stop_tokens replace the end-of-sequence ones; vLLM's stop_token_ids add to them.
         replace_eos = params.ignore_eos or params.stop_tokens is not None
         sampling = VllmSampling(

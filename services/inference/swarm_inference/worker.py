@@ -395,6 +395,8 @@ class InferenceWorker:
             prompt_logprobs=request.prompt_logprobs,
             top_logprobs=request.top_logprobs,
             prompt_top_logprobs=request.prompt_top_logprobs,
+            prompt_targets=_checked_targets(request.prompt_target_ids, len(held.engine.tokenizer)),
+            prompt_alt_tokens=request.prompt_alt_tokens,
         )
         return prompt_ids, params
 
@@ -445,6 +447,8 @@ class InferenceWorker:
             prompt_logprobs=_json_floats(last.prompt_logprobs),
             top_logprobs=last.top_logprobs,
             prompt_top_logprobs=last.prompt_top_logprobs,
+            prompt_target_logprobs=last.prompt_target_logprobs,
+            prompt_alt_tokens=last.prompt_alt_tokens,
             token_texts=_texts_of(held.engine.tokenizer, prompt_ids, last) if texts else None,
         )
         self.metrics.tokens.inc(last.completion_tokens)
@@ -573,6 +577,23 @@ def _checked_tokens(tokens: list[int], vocab_size: int) -> list[int]:
                 f"prompt_tokens[{i}]: {token} is outside the vocabulary (0..{vocab_size - 1})"
             )
     return tokens
+
+
+def _checked_targets(
+    rows: list[list[int]] | None, vocab_size: int
+) -> tuple[tuple[int, ...], ...] | None:
+    """Target ids to score, refused (400) when one is not the model's (the engine gathers at
+    them: one past its logits would fail the whole batch)."""
+    if rows is None:
+        return None
+    for i, row in enumerate(rows):
+        for j, token in enumerate(row):
+            if token >= vocab_size:
+                raise InvalidRequest(
+                    f"prompt_target_ids[{i}][{j}]: {token} is outside the vocabulary "
+                    f"(0..{vocab_size - 1})"
+                )
+    return tuple(tuple(row) for row in rows)
 
 
 def _json_schema(request: GenerateRequest) -> dict[str, Any] | None:

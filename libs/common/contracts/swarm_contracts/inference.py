@@ -90,6 +90,20 @@ class GenerateRequest(BaseModel):
         le=MAX_TOP_LOGPROBS,
         description="answer the k most likely tokens at each prompt position after the first",
     )
+    prompt_target_ids: list[list[int]] | None = Field(
+        default=None,
+        description="with prompt_tokens: token ids whose log-probabilities to answer at each "
+        "prompt position after the first, one row per position (len(prompt_tokens) - 1 rows "
+        "of one width, at most 20), -1 in a cell that asks for none",
+    )
+    prompt_alt_tokens: int = Field(
+        default=0,
+        ge=0,
+        le=MAX_TOP_LOGPROBS,
+        description="answer k tokens drawn (with replacement, at the request's temperature; "
+        "greedy: the best one k times) at each prompt position after the first, with their "
+        "log-probabilities under the model's own distribution",
+    )
     token_texts: bool = Field(
         default=False,
         description="answer the generated tokens and the text of each id in them and in "
@@ -112,7 +126,24 @@ class GenerateRequest(BaseModel):
             raise ValueError("give exactly one of prompt, messages and prompt_tokens")
         if (self.json_schema is None) == (self.response_format == "json_schema"):
             raise ValueError("json_schema goes with response_format json_schema, and only there")
+        if self.prompt_target_ids is not None:
+            _check_targets(self.prompt_target_ids, self.prompt_tokens)
         return self
+
+
+def _check_targets(rows: list[list[int]], prompt_tokens: list[int] | None) -> None:
+    if prompt_tokens is None:
+        raise ValueError("prompt_target_ids goes with prompt_tokens")
+    if len(rows) != len(prompt_tokens) - 1:
+        raise ValueError(
+            f"prompt_target_ids: {len(rows)} rows for {len(prompt_tokens)} prompt tokens "
+            "(one per position after the first)"
+        )
+    widths = {len(row) for row in rows}
+    if len(widths) != 1 or not 0 < next(iter(widths)) <= MAX_TOP_LOGPROBS:
+        raise ValueError(f"prompt_target_ids: rows of one width, 1..{MAX_TOP_LOGPROBS}")
+    if any(token < -1 for row in rows for token in row):
+        raise ValueError("prompt_target_ids: token ids, or -1 for none")
 
 
 class Usage(BaseModel):
@@ -163,6 +194,15 @@ class GenerateChunk(BaseModel):
         default=None,
         description="done: each prompt position's k most likely tokens (the first's is null)",
     )
+    prompt_target_logprobs: list[list[float]] | None = Field(
+        default=None,
+        description="done: the log-probabilities of prompt_target_ids, row for row (0.0 at -1)",
+    )
+    prompt_alt_tokens: list[list[TokenLogprob]] | None = Field(
+        default=None,
+        description="done: each prompt position's (after the first) drawn tokens (with "
+        "prompt_alt_tokens)",
+    )
     token_texts: dict[int, str] | None = Field(
         default=None,
         description="done: the text of each token id in tokens and top_logprobs (with token_texts)",
@@ -191,6 +231,15 @@ class GenerateResult(BaseModel):
     )
     prompt_top_logprobs: list[list[TokenLogprob] | None] | None = Field(
         default=None, description="each prompt position's k most likely tokens"
+    )
+    prompt_target_logprobs: list[list[float]] | None = Field(
+        default=None,
+        description="the log-probabilities of prompt_target_ids, row for row (0.0 at -1)",
+    )
+    prompt_alt_tokens: list[list[TokenLogprob]] | None = Field(
+        default=None,
+        description="each prompt position's (after the first) drawn tokens (with "
+        "prompt_alt_tokens)",
     )
     token_texts: dict[int, str] | None = Field(
         default=None, description="the text of each token id in tokens and top_logprobs"

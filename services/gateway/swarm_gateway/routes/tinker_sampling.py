@@ -107,8 +107,17 @@ class SampleBody(Lenient):
 
 @router.post("/asample")
 async def asample(body: SampleBody, gw: GW, t: T, tenant: Tenant) -> dict[str, Any]:
-    _refuse_unserved(body)
+    _check_top_k(body)
     prompt = _prompt_tokens(body.prompt)
+    try:
+        sampling.check_last_n(body.prompt_logprobs_last_n, bool(body.prompt_logprobs), len(prompt))
+        targets = (
+            None
+            if body.target_prompt_logprobs is None
+            else sampling.PromptTargets.parse(body.target_prompt_logprobs, len(prompt))
+        )
+    except sampling.SamplingError as exc:
+        raise HTTPException(status.HTTP_400_BAD_REQUEST, detail=str(exc)) from exc
     if body.sampling_session_id is not None:
         sampler = await _sampler(t, tenant, body.sampling_session_id)
     else:
@@ -124,9 +133,12 @@ async def asample(body: SampleBody, gw: GW, t: T, tenant: Tenant) -> dict[str, A
             prompt_logprobs=bool(body.prompt_logprobs),
             topk_prompt=body.topk_prompt_logprobs,
             topk_sample=body.topk_sample_logprobs,
+            targets=targets,
+            alt_tokens=body.prompt_alt_tokens_k,
         )
     except (sampling.SamplingError, ValidationError) as exc:
         raise HTTPException(status.HTTP_400_BAD_REQUEST, detail=_why(exc)) from exc
+    asks = sampling.PromptAsks(len(prompt), body.prompt_logprobs_last_n, targets)
     future = FutureRecord(
         request_id=request_id,
         tenant=tenant,
@@ -136,18 +148,24 @@ async def asample(body: SampleBody, gw: GW, t: T, tenant: Tenant) -> dict[str, A
     )
     await t.futures.put(request_id, future)
     t.calls.expect(request_id)
-    _start(t, request_id, requests, gw)
+    _start(t, request_id, requests, gw, asks)
     return {
         "request_id": request_id,
         "sample_sequence_ids": [f"{request_id}-{i}" for i in range(body.num_samples)],
     }
 
 
-def _start(t: Tables, request_id: str, requests: list[GenerateRequest], gw: Gateway) -> None:
+def _start(
+    t: Tables,
+    request_id: str,
+    requests: list[GenerateRequest],
+    gw: Gateway,
+    asks: sampling.PromptAsks,
+) -> None:
     async def work() -> None:
         future = None
         try:
-            future = await sampling.run(gw, t.futures, request_id, requests)
+            future = await sampling.run(gw, t.futures, request_id, requests, asks)
         finally:
             t.calls.settled(request_id, future)
 
@@ -156,25 +174,17 @@ def _start(t: Tables, request_id: str, requests: list[GenerateRequest], gw: Gate
     task.add_done_callback(t.tasks.discard)
 
 
-def _refuse_unserved(body: SampleBody) -> None:
-    """Target log-probabilities and the like are not served: a 400 naming the field, rather
-    than an answer without what was asked; top-k beyond what the engine serves neither."""
+def _check_top_k(body: SampleBody) -> None:
+    """Top-k beyond what the engine serves: a 400 naming the field, rather than fewer."""
     for field, k in (
         ("topk_prompt_logprobs", body.topk_prompt_logprobs),
         ("topk_sample_logprobs", body.topk_sample_logprobs),
+        ("prompt_alt_tokens_k", body.prompt_alt_tokens_k),
     ):
         if not 0 <= k <= MAX_TOP_LOGPROBS:
             raise HTTPException(
                 status.HTTP_400_BAD_REQUEST, detail=f"{field}: {k} is not in 0..{MAX_TOP_LOGPROBS}"
             )
-    unserved = {
-        "prompt_logprobs_last_n": body.prompt_logprobs_last_n is not None,
-        "target_prompt_logprobs": body.target_prompt_logprobs is not None,
-        "prompt_alt_tokens_k": body.prompt_alt_tokens_k > 0,
-    }
-    for field, asked in unserved.items():
-        if asked:
-            raise HTTPException(status.HTTP_400_BAD_REQUEST, detail=f"{field}: not served yet")
 
 
 def _prompt_tokens(prompt: PromptBody) -> list[int]:

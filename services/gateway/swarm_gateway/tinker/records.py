@@ -111,6 +111,18 @@ class SampledSequence(BaseModel):
     # On their way to the outcome only.
     prompt_logprobs: list[float | None] | None = None
     topk_prompt_logprobs: list[list[TokenLogprob] | None] | None = None
+    prompt_target_logprobs: list[list[float]] | None = None
+    prompt_alt_tokens: list[list[TokenLogprob]] | None = None
+
+
+class TensorOut(BaseModel):
+    """A float32 tensor of the SDK's: dense (``values`` row-major), or sparse CSR (``values``
+    of the listed cells, ``crow`` and ``col`` as the request's)."""
+
+    shape: list[int]
+    values: list[float]
+    crow: list[int] | None = None
+    col: list[int] | None = None
 
 
 class SampleOutcome(BaseModel):
@@ -120,6 +132,12 @@ class SampleOutcome(BaseModel):
     )
     topk_prompt_logprobs: list[list[TokenLogprob] | None] | None = Field(
         default=None, description="each prompt position's k most likely (the first: None)"
+    )
+    target_prompt_logprobs: TensorOut | None = Field(
+        default=None, description="the request's target ids' log-probabilities, its layout"
+    )
+    prompt_alt_tokens: list[list[TokenLogprob]] | None = Field(
+        default=None, description="each prompt position's (after the first) k drawn tokens"
     )
 
 

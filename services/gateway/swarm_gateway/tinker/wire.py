@@ -14,7 +14,7 @@ from google.protobuf.message import DecodeError
 
 from swarm_contracts.inference import TokenLogprob
 from swarm_contracts.sessions import SessionDatum, SessionResult
-from swarm_gateway.tinker.records import SampleOutcome
+from swarm_gateway.tinker.records import SampleOutcome, TensorOut
 from swarm_gateway.tinker.wire_descriptor import FILE_DESCRIPTOR
 
 _POOL = descriptor_pool.DescriptorPool()
@@ -147,10 +147,41 @@ def _topk(message: Any, rows: list[list[TokenLogprob]] | list[list[TokenLogprob]
     message.token_ids, message.logprobs = ids.tobytes(), logprobs.tobytes()
 
 
+def _float_tensor(message: Any, tensor: TensorOut) -> None:
+    """``tensor`` into a ``Tensor``: float32, its shape, dense or CSR (int64 indices)."""
+    message.dtype = _FLOAT32
+    message.shape.extend(tensor.shape)
+    values = np.asarray(tensor.values, dtype=np.float32).tobytes()
+    if tensor.crow is None:
+        message.dense = values
+        return
+    message.sparse_csr.values = values
+    message.sparse_csr.crow_indices = np.asarray(tensor.crow, dtype=np.int64).tobytes()
+    message.sparse_csr.col_indices = np.asarray(tensor.col or [], dtype=np.int64).tobytes()
+
+
+def _alt_tokens(message: Any, rows: list[list[TokenLogprob]]) -> None:
+    """Each prompt position's draws as the SDK's two dense ``[positions, k]`` tensors: int64
+    ids, float32 log-probabilities."""
+    k = len(rows[0]) if rows else 0
+    ids = np.asarray([[t for t, _ in row] for row in rows], dtype=np.int64).reshape(len(rows), k)
+    scores = np.asarray([[v for _, v in row] for row in rows], dtype=np.float32)
+    message.tokens.dtype, message.logprobs.dtype = _INT64, _FLOAT32
+    message.tokens.shape.extend([len(rows), k])
+    message.logprobs.shape.extend([len(rows), k])
+    message.tokens.dense = ids.tobytes()
+    message.logprobs.dense = scores.reshape(len(rows), k).tobytes()
+
+
 def encode_sample_response(outcome: SampleOutcome) -> bytes:
     """The sampled sequences (int32 token ids, float32 log-probabilities, their top-k) and the
-    prompt's log-probabilities (float32, NaN for the first token) and top-k, as raw bytes."""
+    prompt's log-probabilities (float32, NaN for the first token and those not scored), top-k,
+    target ids' log-probabilities and alternative tokens, as raw bytes."""
     out = SampleResponse()
+    if outcome.target_prompt_logprobs is not None:
+        _float_tensor(out.target_prompt_logprobs, outcome.target_prompt_logprobs)
+    if outcome.prompt_alt_tokens is not None:
+        _alt_tokens(out.prompt_alt_tokens, outcome.prompt_alt_tokens)
     if outcome.prompt_logprobs is not None:
         scores = [np.nan if v is None else v for v in outcome.prompt_logprobs]
         out.prompt_logprobs = np.asarray(scores, dtype=np.float32).tobytes()
