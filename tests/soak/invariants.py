@@ -144,9 +144,8 @@ def _gaps(k: int, events: list[Event], succeeded: bool) -> list[str]:
     # (A resume may start beyond the steps earlier attempts *reported*: a trainer killed
     # right after Ray committed a checkpoint never sent the last steps' events.)
     resumed = started[0].data.get("resumed_from_step", 0)
-    expected = list(range(resumed + 1, resumed + 1 + len(progress)))
-    if progress != expected:
-        out.append(f"attempt {k} progress steps {progress}, expected {expected}")
+    if not _progress_in_order(events, resumed):
+        out.append(f"attempt {k} progress steps {progress} after resuming from {resumed}")
     if succeeded and progress:
         max_steps = next(e.data["max_steps"] for e in events if e.name == "progress")
         if progress[-1] != max_steps:
@@ -155,6 +154,25 @@ def _gaps(k: int, events: list[Event], succeeded: bool) -> list[str]:
     if saved != sorted(set(saved)) or (saved and saved[0] <= resumed):
         out.append(f"attempt {k} checkpoint steps {saved} after resuming from {resumed}")
     return out
+
+
+def _progress_in_order(events: list[Event], resumed: int) -> bool:
+    """An attempt's progress goes one step at a time from the step after its resume point,
+    except where Ray Train restarted the run inside the attempt (a rank lost: its
+    ``FailureConfig``). That run resumes from its own latest checkpoint: not before the
+    attempt's resume point or a checkpoint the attempt announced, and at most one step past the
+    last progress reported (a checkpoint goes out before its step's progress)."""
+    expected, high, announced = resumed + 1, resumed, resumed
+    for e in events:
+        if e.name == "checkpoint":
+            announced = max(announced, e.data["step"])
+        elif e.name == "progress":
+            step = e.data["step"]
+            restarted = high > resumed and max(resumed, announced) < step <= high + 2
+            if step != expected and not restarted:
+                return False
+            expected, high = step + 1, max(high, step)
+    return True
 
 
 def steps_lost(events: list[Event]) -> int:
