@@ -159,16 +159,17 @@ def _gaps(k: int, events: list[Event], succeeded: bool) -> list[str]:
 def _progress_in_order(events: list[Event], resumed: int) -> bool:
     """An attempt's progress goes one step at a time from the step after its resume point,
     except where Ray Train restarted the run inside the attempt (a rank lost: its
-    ``FailureConfig``). That run resumes from its own latest checkpoint: not before the
-    attempt's resume point or a checkpoint the attempt announced, and at most one step past the
-    last progress reported (a checkpoint goes out before its step's progress)."""
+    ``FailureConfig``). That run resumes from its own latest checkpoint, so it repeats the steps
+    since: not from before the attempt's resume point or a checkpoint the attempt announced,
+    and never beyond the last step reported (rank 0 hands a step's progress to the agent before
+    it saves that step's checkpoint)."""
     expected, high, announced = resumed + 1, resumed, resumed
     for e in events:
         if e.name == "checkpoint":
             announced = max(announced, e.data["step"])
         elif e.name == "progress":
             step = e.data["step"]
-            restarted = high > resumed and max(resumed, announced) < step <= high + 2
+            restarted = high > resumed and max(resumed, announced) < step <= high
             if step != expected and not restarted:
                 return False
             expected, high = step + 1, max(high, step)
