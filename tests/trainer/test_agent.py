@@ -71,6 +71,23 @@ async def publish_assignment(nc: Any, s: Subjects, job: Assignment) -> None:
     await js.publish(s.assign(job.worker_id), event.model_dump_json().encode())
 
 
+async def record_job(
+    agent: Any, job: Assignment, state: JobState, attempt: int, worker_id: str, **extra: Any
+) -> JobRecord:
+    """The scheduler's record of ``job`` as a test needs it: its state, attempt and worker."""
+    record = JobRecord(
+        job_id=job.job_id,
+        tenant="default",
+        spec=job.spec,
+        state=state,
+        attempt=attempt,
+        worker_id=worker_id,
+        **extra,
+    )
+    await agent.jobs.create(job.job_id, record)
+    return record
+
+
 async def run_agent_job(
     settings: Settings,
     tiny_model_dir: Path,
@@ -269,15 +286,7 @@ async def test_agent_drops_an_assignment_the_record_does_not_confirm(
     agent = await bare_agent(settings)
     job = make_assignment(open_store(settings), tiny_model_dir, worker_id="w-test", attempt=2)
     assert not await agent.accept(job)  # no record at all
-    record = JobRecord(
-        job_id=job.job_id,
-        tenant="default",
-        spec=job.spec,
-        state=JobState.assigned,
-        attempt=3,
-        worker_id="w-test",
-    )
-    await agent.jobs.create(job.job_id, record)
+    await record_job(agent, job, JobState.assigned, 3, "w-test")
     assert not await agent.accept(job)  # a newer attempt owns the job
     assert not await agent.accept(job.model_copy(update={"worker_id": "other"}))
     await agent.broker.stop()
@@ -302,15 +311,7 @@ async def test_a_new_attempt_of_a_job_the_agent_still_runs_stops_the_stale_run(
 
     stale.task = asyncio.create_task(stale_run())
     agent.active[new.job_id] = stale
-    record = JobRecord(
-        job_id=new.job_id,
-        tenant="default",
-        spec=new.spec,
-        state=JobState.assigned,
-        attempt=2,
-        worker_id="w-test",
-    )
-    await agent.jobs.create(new.job_id, record)
+    await record_job(agent, new, JobState.assigned, 2, "w-test")
     assert await asyncio.wait_for(agent.accept(new), 5)
     taken = agent.active[new.job_id]
     assert taken.task is not None
@@ -344,15 +345,7 @@ async def test_a_run_that_fails_after_its_lease_lapsed_sends_no_final_event(
 
     monkeypatch.setattr(agent, "emit", emit)
     job = make_assignment(open_store(settings), tiny_model_dir, worker_id="w-test", attempt=1)
-    record = JobRecord(
-        job_id=job.job_id,
-        tenant="default",
-        spec=job.spec,
-        state=JobState.running,
-        attempt=2,
-        worker_id="elsewhere",
-    )
-    await agent.jobs.create(job.job_id, record)
+    await record_job(agent, job, JobState.running, 2, "elsewhere")
     await Attempt(agent, job).run()
     assert sent == []
     await Attempt(agent, job.model_copy(update={"attempt": 2, "worker_id": "w-test"})).run()
@@ -417,15 +410,7 @@ async def test_the_attempt_s_own_events_go_out_through_a_nats_outage(
     agent = await bare_agent(settings)
     sent = emit_after_an_outage(agent, monkeypatch)
     job = make_assignment(open_store(settings), tiny_model_dir, worker_id="w-test", attempt=1)
-    record = JobRecord(
-        job_id=job.job_id,
-        tenant="default",
-        spec=job.spec,
-        state=JobState.running,
-        attempt=1,
-        worker_id="w-test",
-    )
-    await agent.jobs.create(job.job_id, record)
+    await record_job(agent, job, JobState.running, 1, "w-test")
     await Attempt(agent, job).run()
     assert [event.event for event in sent] == ["failed"]  # after two tries NATS refused
     await agent.broker.stop()
@@ -444,17 +429,15 @@ async def test_an_agent_that_missed_the_pause_request_hands_the_job_back_at_its_
     s = Subjects(settings.namespace)
     job = make_assignment(open_store(settings), tiny_model_dir, worker_id="w-test")
     job = job.model_copy(update={"attempt_token": "t0ken"})
-    record = JobRecord(
-        job_id=job.job_id,
-        tenant="default",
-        spec=job.spec,
-        state=JobState.running,
-        attempt=1,
-        worker_id="w-test",
+    record = await record_job(
+        agent,
+        job,
+        JobState.running,
+        1,
+        "w-test",
         attempt_token_sha256=token_digest("t0ken"),
         pause_requested=True,
     )
-    await agent.jobs.create(job.job_id, record)
     sub = await agent.broker.connection.subscribe(s.worker_event("w-test", job.job_id, "released"))
 
     async def setting_up() -> None:  # a run Ray is still starting: no step trained
