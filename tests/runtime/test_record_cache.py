@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 
 import pytest
+from nats.js.kv import KeyValue
 
 from swarm_runtime.record_cache import RecordCache
 from swarm_runtime.records import RecordTable
@@ -46,6 +48,35 @@ async def test_records_written_before_the_watch_began_are_listed(
     await cache.start()
     try:
         assert values(await cache.all()) == {"c0": 0, "c1": 1, "c2": 2, "c4": 4}
+    finally:
+        await cache.stop()
+
+
+async def test_a_first_pass_marker_ahead_of_the_pass_does_not_end_it(
+    table: RecordTable[Counter], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """nats.py puts its "first pass over" marker in the queue when the server reports nothing
+    pending and the client has counted nothing delivered; on a loaded machine the pass is then
+    still unread, and the marker comes first (CI saw an empty listing of a full bucket)."""
+    for i in range(5):
+        await table.create(f"c{i}", Counter(name=f"c{i}", value=i))
+    watchall = table.kv.watchall
+
+    async def marker_first(**kwargs: object) -> KeyValue.KeyWatcher:
+        watcher = await watchall(**kwargs)
+        early = asyncio.Queue[object](maxsize=256)
+        early.put_nowait(None)
+        while not watcher._updates.empty():
+            early.put_nowait(watcher._updates.get_nowait())
+        watcher._updates = early  # type: ignore[assignment]
+        watcher._init_done = True
+        return watcher
+
+    monkeypatch.setattr(table.kv, "watchall", marker_first)
+    cache = RecordCache(table)
+    await cache.start()
+    try:
+        assert values(await cache.all()) == {f"c{i}": i for i in range(5)}
     finally:
         await cache.stop()
 

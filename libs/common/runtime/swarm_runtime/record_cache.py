@@ -16,7 +16,7 @@ from typing import Generic
 
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
-from swarm_runtime.nats_private import bucket_stream
+from swarm_runtime.nats_private import BucketStream, bucket_stream
 from swarm_runtime.records import M, RecordTable
 
 log = logging.getLogger(__name__)
@@ -72,20 +72,34 @@ class RecordCache(Generic[M]):
             try:
                 # Every message up to here is either in the watch's first pass (the last of
                 # its key) or replaced by one that is: once that pass ends, all are applied.
-                before = (await bucket.js.stream_info(bucket.stream)).state.last_seq
+                state = (await bucket.js.stream_info(bucket.stream)).state
+                before = state.last_seq
                 watcher = await kv.watchall()
                 # The first pass fills a new dict, which replaces the old one only when
                 # complete: a listing meanwhile answers from the old (or waits).
                 fresh: dict[str, M] = {}
                 loading, top = True, before
+                if not state.messages:
+                    self._records, loading = fresh, False
+                    await self._advance(before)
                 try:
                     async for entry in watcher:
-                        if entry is None:  # the first pass is over
-                            self._records, loading = fresh, False
-                            await self._advance(top)
+                        if entry is None:
+                            # nats.py's "first pass over" marker is not trusted: it asks the
+                            # server how much is pending after the server has sent the pass but
+                            # maybe before this client has read it, and then comes first (an
+                            # empty listing, seen on a loaded CI machine). The pass ends at the
+                            # entry that reaches ``before``, or the one with nothing pending;
+                            # the marker counts only where the bucket has emptied meanwhile.
+                            if loading and not await self._has_messages(bucket):
+                                self._records, loading = fresh, False
+                                await self._advance(top)
                         elif loading:
                             self._apply(fresh, entry)
                             top = max(top, entry.revision or 0)
+                            if (entry.revision or 0) >= before or entry.delta == 0:
+                                self._records, loading = fresh, False
+                                await self._advance(top)
                         else:
                             self._apply(self._records, entry)
                             await self._advance(entry.revision or 0)
@@ -97,6 +111,10 @@ class RecordCache(Generic[M]):
             except Exception:
                 log.warning("watch of %s broke; starting it again", bucket.stream, exc_info=True)
                 await asyncio.sleep(1.0)
+
+    @staticmethod
+    async def _has_messages(bucket: BucketStream) -> bool:
+        return bool((await bucket.js.stream_info(bucket.stream)).state.messages)
 
     def _apply(self, records: dict[str, M], entry: KeyValue.Entry) -> None:
         if entry.operation in (KV_DEL, KV_PURGE) or not entry.value:
