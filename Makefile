@@ -47,14 +47,14 @@ demo: setup
 	$(VENV)/bin/swarm demo
 
 # mypy runs beside the tests (its CPU overlaps their waits on other processes); either
-# failing fails the target. Files go to the two workers whole (tests/e2e and tests/dashboard
-# each whole: one session stack), longest first by tests/durations.json
-# (tests/suite_order.py): xdist would otherwise hand out the files with the most tests first,
-# so the one-test fault files of minutes each started last.
+# failing fails the target. Files go to the three workers whole (tests/e2e and tests/dashboard
+# each whole: one session stack), longest first by tests/durations.json, and no more than two
+# workers at once in files that train or run services (tests/suite_order.py): the third takes
+# the light files, most of which wait on timeouts while the heavy ones keep the cores busy.
 test: setup chromium
 	$(VENV)/bin/ruff check .
 	@$(MAKE) --no-print-directory typecheck > .typecheck.log 2>&1 & mypy=$$!; \
-	$(VENV)/bin/pytest -n 2 --dist loadfile --no-loadscope-reorder; tests=$$?; \
+	$(VENV)/bin/pytest -n 3 --dist loadfile --no-loadscope-reorder; tests=$$?; \
 	wait $$mypy; typed=$$?; cat .typecheck.log; \
 	[ $$typed -eq 0 ] || echo "make typecheck failed (above)"; \
 	[ $$tests -eq 0 ] && [ $$typed -eq 0 ]
