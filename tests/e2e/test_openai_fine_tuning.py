@@ -238,8 +238,9 @@ def test_pause_and_resume_with_the_stock_client(
         model="tiny-llama",
         training_file=training.id,
         seed=5,
-        # 80 steps: long enough to pause it before its end.
-        hyperparameters={"n_epochs": 10, "batch_size": 1},
+        # 160 steps: long enough to pause it before its end, even on an idle machine that
+        # trains the tiny model at 20 ms a step (a pause takes a second or two to land).
+        hyperparameters={"n_epochs": 20, "batch_size": 1},
     )
 
     def trained_a_step() -> bool:

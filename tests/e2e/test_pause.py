@@ -27,10 +27,10 @@ from .conftest import Stack
 
 pytestmark = pytest.mark.slow
 
-# Steps enough that a pause asked after the second lands well before the end (a step of the
-# tiny model takes some 0.1 s on a loaded machine; a pause reaches the loop within a second
-# or two).
-STEPS = 40
+# Steps enough that a pause asked after the second lands well before the end: a pause reaches
+# the loop within a second or two, and a step of the tiny model takes 0.1 s on a loaded
+# machine but as little as 20 ms on an idle one (40 steps once ran out before the pause).
+STEPS = 160
 WORKER = "e2e-worker"
 
 
