@@ -13,7 +13,7 @@ keeps a core busy, while most light files wait on timeouts, leases and sockets. 
 alone left a quarter of the CPU idle whenever both sat in such waits; three heavy units at once
 overloaded the machine (the multi-process fault tests' timeouts are sized for two).
 
-Refresh the record after adding heavy tests: ``.venv/bin/pytest -n 2 --dist loadfile
+Refresh the record after adding heavy tests: ``.venv/bin/pytest -n 3 --dist loadfile
 --record-durations`` (the summed call, setup and teardown times per file).
 """
 

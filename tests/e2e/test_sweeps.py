@@ -166,8 +166,9 @@ def test_a_killed_controller_restarts_and_completes_the_sweep_with_exactly_its_b
 
 
 def mid_sweep(sweep: SweepDetail) -> bool:
-    started = len(sweep.trials)
-    return 2 <= started < BUDGET and any(t.state == TrialState.running for t in sweep.trials)
+    return 2 <= len(sweep.trials) < BUDGET and any(
+        t.state == TrialState.running for t in sweep.trials
+    )
 
 
 def test_a_random_sweep_runs_its_budget_two_at_a_time_and_aliases_the_best(
