@@ -22,6 +22,7 @@ from typing import Protocol
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
 from swarm_contracts.jobs import JobRecord, utcnow
+from swarm_runtime.kv_watch import watch_bucket
 from swarm_runtime.records import Conflict, RecordTable
 from swarm_scheduler.placement import HOLDING, Capacity, demand
 from swarm_scheduler.transitions import copy_record
@@ -67,8 +68,9 @@ class JobView:
     async def load(self, kv: KeyValue) -> None:
         """Read the whole bucket into the view and keep watching it (``follow``)."""
         self._table = RecordTable(kv, JobRecord)
-        self._watcher = await kv.watchall()
-        while (entry := await self._watcher.updates(timeout=30)) is not None:
+        first = await watch_bucket(kv)
+        self._watcher = first.watcher
+        for entry in first.entries:
             self.apply(entry)
 
     async def follow(self) -> None:

@@ -15,6 +15,7 @@ from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 from pydantic import ValidationError
 
 from swarm_contracts.workers import WorkerOps
+from swarm_runtime.kv_watch import watch_bucket
 
 log = logging.getLogger("swarm.scheduler")
 
@@ -28,8 +29,9 @@ class WorkerOpsView:
 
     async def load(self, kv: KeyValue) -> None:
         """Read the whole bucket, then keep watching it (``follow``)."""
-        self._watcher = await kv.watchall()
-        while (entry := await self._watcher.updates(timeout=30)) is not None:
+        first = await watch_bucket(kv)
+        self._watcher = first.watcher
+        for entry in first.entries:
             self._apply(entry.key, entry.value, entry.operation)
         self._on_change(self.ops)
 

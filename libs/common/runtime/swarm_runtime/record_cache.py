@@ -16,15 +16,14 @@ from typing import Generic
 
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
-from swarm_runtime.nats_private import BucketStream, bucket_stream
+from swarm_runtime.kv_watch import STOP_S, watch_bucket
+from swarm_runtime.nats_private import bucket_stream
 from swarm_runtime.records import M, RecordTable
 
 log = logging.getLogger(__name__)
 
 # How long a listing waits for the watch to catch up before it reads the bucket itself.
 CATCH_UP_S = 2.0
-# How long stopping waits for the watch to end.
-STOP_S = 5.0
 
 
 class RecordCache(Generic[M]):
@@ -66,55 +65,32 @@ class RecordCache(Generic[M]):
 
     async def _follow(self) -> None:
         """Apply the bucket's changes; a broken watch (NATS away) is started again."""
-        kv: KeyValue = self.table.kv
-        bucket = bucket_stream(kv)
+        bucket = bucket_stream(self.table.kv)
         while True:
             try:
                 # Every message up to here is either in the watch's first pass (the last of
-                # its key) or replaced by one that is: once that pass ends, all are applied.
-                state = (await bucket.js.stream_info(bucket.stream)).state
-                before = state.last_seq
-                watcher = await kv.watchall()
-                # The first pass fills a new dict, which replaces the old one only when
-                # complete: a listing meanwhile answers from the old (or waits).
+                # its key) or replaced by one that is. The pass fills a new dict, which
+                # replaces the old one only when complete: a listing meanwhile answers from
+                # the old (or waits).
+                first = await watch_bucket(self.table.kv)
                 fresh: dict[str, M] = {}
-                loading, top = True, before
-                if not state.messages:
-                    self._records, loading = fresh, False
-                    await self._advance(before)
+                for entry in first.entries:
+                    self._apply(fresh, entry)
+                self._records = fresh
+                await self._advance(first.revision)
                 try:
-                    async for entry in watcher:
-                        if entry is None:
-                            # nats.py's "first pass over" marker is not trusted: it asks the
-                            # server how much is pending after the server has sent the pass but
-                            # maybe before this client has read it, and then comes first (an
-                            # empty listing, seen on a loaded CI machine). The pass ends at the
-                            # entry that reaches ``before``, or the one with nothing pending;
-                            # the marker counts only where the bucket has emptied meanwhile.
-                            if loading and not await self._has_messages(bucket):
-                                self._records, loading = fresh, False
-                                await self._advance(top)
-                        elif loading:
-                            self._apply(fresh, entry)
-                            top = max(top, entry.revision or 0)
-                            if (entry.revision or 0) >= before or entry.delta == 0:
-                                self._records, loading = fresh, False
-                                await self._advance(top)
-                        else:
+                    async for entry in first.watcher:
+                        if entry is not None:  # nats.py's marker, when it comes after the pass
                             self._apply(self._records, entry)
                             await self._advance(entry.revision or 0)
                 finally:
                     with contextlib.suppress(Exception):
-                        await asyncio.wait_for(watcher.stop(), STOP_S)
+                        await asyncio.wait_for(first.watcher.stop(), STOP_S)
             except asyncio.CancelledError:
                 raise
             except Exception:
                 log.warning("watch of %s broke; starting it again", bucket.stream, exc_info=True)
                 await asyncio.sleep(1.0)
-
-    @staticmethod
-    async def _has_messages(bucket: BucketStream) -> bool:
-        return bool((await bucket.js.stream_info(bucket.stream)).state.messages)
 
     def _apply(self, records: dict[str, M], entry: KeyValue.Entry) -> None:
         if entry.operation in (KV_DEL, KV_PURGE) or not entry.value:
