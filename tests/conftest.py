@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -31,10 +33,33 @@ os.environ.setdefault("SWARM_BENCHMARK_S", "0")
 os.environ.setdefault("SWARM_RAY_WORKER_LOGS", "false")
 
 
+# Ports for the services the tests start: below the kernel's ephemeral range (32768-60999
+# here) and above Ray's worker ports (10002-19999), so nothing on the machine is handed one by
+# the kernel (a connect, or a bind to port 0: Ray's processes make dozens) between the test
+# choosing it and its service binding it. A port from bind(port 0) could be, and once was: a
+# gateway's "address already in use". Each xdist worker takes its own slice, in turn, from a
+# random start (another pytest on the machine most likely starts elsewhere).
+PORTS_FROM, PORTS_PER_WORKER = 20000, 2000
+_ports: Iterator[int] | None = None
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    global _ports
+    if _ports is None:
+        worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+        first = PORTS_FROM + worker % 6 * PORTS_PER_WORKER
+        start = random.randrange(PORTS_PER_WORKER)
+        _ports = itertools.cycle(
+            first + (start + i) % PORTS_PER_WORKER for i in range(PORTS_PER_WORKER)
+        )
+    for port in itertools.islice(_ports, PORTS_PER_WORKER):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:  # in use, or another test's not yet quite let go
+                continue
+            return port
+    raise RuntimeError("no free port in this worker's slice")
 
 
 def wait_for_port(port: int, timeout: float = 10.0) -> None:
