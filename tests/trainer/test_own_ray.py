@@ -62,11 +62,12 @@ def ray_processes(*args: str) -> list[str]:
     return [line for line in done.stdout.splitlines() if line.startswith("PROCESS ")]
 
 
-def test_the_agent_s_ray_runs_no_autoscaler_and_a_log_monitor_only_when_asked() -> None:
+def test_the_agent_s_ray_runs_no_monitor_nor_api_server_and_logs_only_when_asked() -> None:
     quiet = ray_processes("quiet")
     assert any("gcs_server" in p for p in quiet), quiet
     assert any("raylet" in p for p in quiet), quiet
     assert not [p for p in quiet if "monitor.py" in p], quiet  # neither monitor
+    assert not [p for p in quiet if "dashboard.py" in p], quiet  # nor the API server
     with_logs = ray_processes("logs")
     assert [p for p in with_logs if "log_monitor.py" in p], with_logs
     assert not [p for p in with_logs if "autoscaler" in p and "monitor.py" in p], with_logs

@@ -16,6 +16,8 @@ Nor does it start an actor (a process: about 2 CPU-seconds on a 2-core machine) 
   run). It asks Ray's state API, which needs the dashboard an agent's own Ray runs without, so
   there it never removes anything. The agent's ``JobControl`` removes the group instead: after an
   abort (``swarm_trainer.abort``) and after any run, a dead controller's (``JobControl.close``).
+- Ray Train's ``SynchronizationActor`` for a group of one rank, which has nobody to wait for
+  (``swarm_trainer.one_rank_sync``).
 - In the agent's own one-machine Ray (``swarm_trainer.own_ray``), the resource requests to Ray's
   autoscaling coordinator (a detached actor per cluster, polling for as long as it lives): there
   is nothing to scale. A run on a Ray cluster the agent was given (``RAY_ADDRESS``, e.g. KubeRay
@@ -39,6 +41,7 @@ from ray.train.v2.api.callback import RayTrainCallback
 from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 
 from swarm_trainer import own_ray
+from swarm_trainer.one_rank_sync import OneRankGroups
 from swarm_trainer.torch_backend import TorchBackendConfig
 
 
@@ -73,7 +76,8 @@ class AttemptTrainer(DataParallelTrainer):
 
     def _create_default_callbacks(self) -> list[RayTrainCallback]:
         dropped = (PlacementGroupCleanerCallback,) + (() if self.datasets else (DatasetsCallback,))
-        return [c for c in super()._create_default_callbacks() if not isinstance(c, dropped)]
+        kept = [c for c in super()._create_default_callbacks() if not isinstance(c, dropped)]
+        return [*kept, OneRankGroups()]
 
     def _initialize_and_run_controller(self, **controller_init_kwargs: Any) -> Any:
         policy = controller_init_kwargs.get("scaling_policy")

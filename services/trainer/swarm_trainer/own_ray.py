@@ -2,15 +2,17 @@
 uses, no more.
 
 ``ray.init(address="local")`` also starts the autoscaler's monitor (nothing to scale: one
-machine) and a log monitor that tails every Ray log file and ships each new line through the
-GCS to the driver (seconds of CPU a minute, for as long as the agent runs). The monitor is
-never started; the log monitor only while ``SWARM_RAY_WORKER_LOGS`` is true (the default: the
-ranks' output in the agent's log too; it is in the node's own log files either way). The
-test suite turns it off.
+machine), Ray's API server (job submission and the state API, even without the dashboard:
+about 0.7 CPU-s to start, which nothing of an agent's asks) and a log monitor that tails every
+Ray log file and ships each new line through the GCS to the driver (seconds of CPU a minute,
+for as long as the agent runs). The monitor and the API server are never started; the log
+monitor only while ``SWARM_RAY_WORKER_LOGS`` is true (the default: the ranks' output in the
+agent's log too; it is in the node's own log files either way). The test suite turns it off.
 
-``ray.init`` has no parameter for either; the node is started as Ray's own ``ray.init`` and
-``ray.cluster_utils.Cluster`` start it (``ray._private.node.Node``), and the driver connects to
-it. ``tests/trainer/test_own_ray.py`` fails if a Ray upgrade changes what this starts.
+``ray.init`` has no parameter for these; the node is started as Ray's own ``ray.init`` and
+``ray.cluster_utils.Cluster`` start it (``ray._private.node.Node``, less its API server), and
+the driver connects to it. ``tests/trainer/test_own_ray.py`` fails if a Ray upgrade changes
+what this starts.
 """
 
 from __future__ import annotations
@@ -29,16 +31,26 @@ def start(cpus: int, *, worker_logs: bool) -> None:
     from ray._private.node import Node
     from ray._private.parameter import RayParams
 
+    class AgentNode(Node):
+        def start_api_server(
+            self, *, include_dashboard: bool | None, raise_on_failure: bool
+        ) -> None:
+            pass
+
     params = RayParams(
         num_cpus=cpus,
         include_dashboard=False,
         include_log_monitor=worker_logs,
         no_monitor=True,
+        # Ray starts a worker process per CPU when the first driver connects, for tasks to come;
+        # an agent's come as actors (the job control, the runs' controllers and ranks), most of
+        # which need a worker of their own runtime environment: the spare ones sat idle.
+        _system_config={"prestart_worker_first_driver": False},
     )
     # As ray.init starts it: Ray's reaper ends the node's processes with this one, however it
     # ends. Not Ray's exit hooks (shutdown_at_exit): they take SIGTERM over, which the agent
     # handles itself (a graceful hand-back), and only work from the main thread.
-    _node = Node(params, head=True, shutdown_at_exit=False, spawn_reaper=True)
+    _node = AgentNode(params, head=True, shutdown_at_exit=False, spawn_reaper=True)
     atexit.register(stop)
     ray.init(address=_node.address, log_to_driver=worker_logs)
 
