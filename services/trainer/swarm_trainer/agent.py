@@ -160,7 +160,11 @@ class TrainerAgent:
         else:
             # A Ray of its own, never one found on the host (another stack's agent, someone's
             # `ray start`), which ray.init() without an address would attach to.
-            own_ray.start(self.resources.cpus, worker_logs=self.settings.ray_worker_logs)
+            own_ray.start(
+                self.resources.cpus,
+                worker_logs=self.settings.ray_worker_logs,
+                warm_start=self.settings.ray_warm_start and not self.resources.gpus,
+            )
 
     async def start(self) -> None:
         if self.settings.benchmark_s > 0:

@@ -20,13 +20,17 @@ from __future__ import annotations
 import atexit
 from typing import Any
 
-# The node this process started (stopped by ``stop``, called at exit too).
+# The node this process started (stopped by ``stop``, called at exit too), and the fork server
+# its workers start from.
 _node: Any = None
+_warm: Any = None
 
 
-def start(cpus: int, *, worker_logs: bool) -> None:
-    """Start a Ray node of ``cpus`` CPUs (its GPUs found by Ray) and connect to it."""
-    global _node
+def start(cpus: int, *, worker_logs: bool, warm_start: bool = True) -> None:
+    """Start a Ray node of ``cpus`` CPUs (its GPUs found by Ray) and connect to it; its worker
+    processes forked from a server that imported what they need (``warm_start``) unless told
+    not to."""
+    global _node, _warm
     import ray
     from ray._private.node import Node
     from ray._private.parameter import RayParams
@@ -52,7 +56,13 @@ def start(cpus: int, *, worker_logs: bool) -> None:
     # handles itself (a graceful hand-back), and only work from the main thread.
     _node = AgentNode(params, head=True, shutdown_at_exit=False, spawn_reaper=True)
     atexit.register(stop)
-    ray.init(address=_node.address, log_to_driver=worker_logs)
+    runtime_env = None
+    if warm_start:
+        from swarm_trainer import warm_start as warm
+
+        _warm = warm.start()
+        runtime_env = {"py_executable": _warm.py_executable()}
+    ray.init(address=_node.address, log_to_driver=worker_logs, runtime_env=runtime_env)
 
 
 def started() -> bool:
@@ -62,7 +72,7 @@ def started() -> bool:
 
 def stop() -> None:
     """Disconnect, and stop the node ``start`` started (if it did)."""
-    global _node
+    global _node, _warm
     import ray
 
     if ray.is_initialized():
@@ -70,3 +80,6 @@ def stop() -> None:
     if _node is not None:
         _node.kill_all_processes(check_alive=False, allow_graceful=True)
         _node = None
+    if _warm is not None:
+        _warm.stop()
+        _warm = None

@@ -21,6 +21,11 @@ class TrainerSettings(Settings):
     # The ranks' output in the agent's log too (Ray's log monitor: swarm_trainer.own_ray); it
     # is in the Ray node's log files either way.
     ray_worker_logs: bool = True
+    # The agent's Ray forks its worker processes from a server that imported Ray Train, torch,
+    # transformers and peft once (swarm_trainer.warm_start): seconds less for every attempt's
+    # start. Only on a machine without GPUs: a fork after anything touched the CUDA driver
+    # breaks CUDA in the child, and a GPU's run does not notice seconds at its start.
+    ray_warm_start: bool = True
     # A Tinker training session no call has touched for this long is closed (its model and
     # optimizer freed; what was saved stays): docs/tinker.md.
     session_idle_s: float = Field(default=900.0, gt=0)
