@@ -18,8 +18,8 @@ import sys, types, psutil, ray
 from swarm_trainer import own_ray
 from swarm_trainer.agent import TrainerAgent
 agent = types.SimpleNamespace(
-    resources=types.SimpleNamespace(cpus=1),
-    settings=types.SimpleNamespace(ray_worker_logs=sys.argv[1] == "logs"),
+    resources=types.SimpleNamespace(cpus=1, gpus=["a GPU"] if "gpu" in sys.argv else []),
+    settings=types.SimpleNamespace(ray_worker_logs=sys.argv[1] == "logs", ray_warm_start=True),
     _own_ray=False,
 )
 TrainerAgent._init_ray(agent)
@@ -71,3 +71,8 @@ def test_the_agent_s_ray_runs_no_monitor_nor_api_server_and_logs_only_when_asked
     with_logs = ray_processes("logs")
     assert [p for p in with_logs if "log_monitor.py" in p], with_logs
     assert not [p for p in with_logs if "autoscaler" in p and "monitor.py" in p], with_logs
+
+
+def test_the_agent_s_ray_forks_its_workers_warm_only_on_a_machine_without_gpus() -> None:
+    assert [p for p in ray_processes("quiet") if "swarm_trainer.warm_start" in p]
+    assert not [p for p in ray_processes("quiet", "gpu") if "swarm_trainer.warm_start" in p]

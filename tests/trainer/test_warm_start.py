@@ -27,6 +27,8 @@ print(json.dumps({
 }), flush=True)
 if sys.argv[1] == "sleep":
     time.sleep(60)
+if sys.argv[1] == "raise":
+    raise RuntimeError("the worker failed")
 sys.exit(int(sys.argv[2]))
 """
 
@@ -44,8 +46,18 @@ def stand_in(
 ) -> subprocess.Popen[str]:
     client = Path(warm_start.__file__).with_name("warm_exec.py")
     return subprocess.Popen(
-        [sys.executable, "-I", "-S", str(client), str(socket_path), str(worker), *args],
+        [
+            sys.executable,
+            "-I",
+            "-S",
+            str(client),
+            "--stand-in",
+            str(socket_path),
+            str(worker),
+            *args,
+        ],
         stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
         cwd=worker.parent,
         env={**os.environ, "SEEN": "yes", **(env or {})},
@@ -81,6 +93,16 @@ def test_a_forked_worker_runs_as_python_would_and_its_exit_is_its_stand_in_s(
     assert str(worker.parent) in seen["path"]  # type: ignore[operator]
     assert os.getcwd() not in seen["path"]  # type: ignore[operator]
     assert seen["seen"] == "yes"  # the stand-in's environment, not the server's
+
+
+def test_a_worker_that_fails_prints_why_and_exits_as_python_would(
+    server: warm_start.WarmStart, worker: Path
+) -> None:
+    proc = stand_in(server.socket_path, worker, "raise", "0")
+    assert report(proc)["warm"] is True
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 1
+    assert "RuntimeError: the worker failed" in err
 
 
 def test_a_signal_to_the_stand_in_reaches_the_worker_and_a_kill_takes_both(
@@ -141,6 +163,8 @@ class Probe:
             # Ray's IDs (a placement group's, an actor's) come from its C++ side's generator.
             "id": ray._raylet.UniqueID.from_random().hex(),
             "env": os.environ.get("PROBE"),
+            # Its stand-in leads its process group: Ray started it.
+            "stand_in": Path(f"/proc/{os.getpgid(0)}/cmdline").read_bytes().split(b"\0"),
         }
 
 
@@ -154,6 +178,13 @@ def test_the_agent_s_ray_forks_its_workers_warm_and_kills_them_as_usual() -> Non
     assert seen[0]["draw"] != seen[1]["draw"]  # NumPy seeded afresh in each
     assert seen[0]["id"] != seen[1]["id"]  # and Ray's generator never drawn from before a fork
     assert {s["env"] for s in seen} == {"1"}
+    # Ray ran ``warm_exec`` as its setup worker, which stood in itself (no Ray setup_worker.py,
+    # no shell, no second Python).
+    client = Path(warm_start.__file__).with_name("warm_exec.py")
+    for s in seen:
+        command = [part.decode() for part in s["stand_in"]]  # type: ignore[attr-defined]
+        assert command[1] == str(client)
+        assert command[2].endswith("default_worker.py")
     ray.kill(probes[0])
     pid = int(seen[0]["pid"])  # type: ignore[call-overload]
     deadline = time.monotonic() + 30

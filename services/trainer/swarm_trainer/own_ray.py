@@ -41,6 +41,11 @@ def start(cpus: int, *, worker_logs: bool, warm_start: bool = True) -> None:
         ) -> None:
             pass
 
+    warm = None
+    if warm_start:
+        from swarm_trainer import warm_start as warm_server
+
+        warm = warm_server.start()
     params = RayParams(
         num_cpus=cpus,
         include_dashboard=False,
@@ -50,18 +55,16 @@ def start(cpus: int, *, worker_logs: bool, warm_start: bool = True) -> None:
         # an agent's come as actors (the job control, the runs' controllers and ranks), most of
         # which need a worker of their own runtime environment: the spare ones sat idle.
         _system_config={"prestart_worker_first_driver": False},
+        # Ray's own imports Ray in every worker's process before the worker's Python starts.
+        setup_worker_path=warm.setup_worker_path() if warm else None,
     )
     # As ray.init starts it: Ray's reaper ends the node's processes with this one, however it
     # ends. Not Ray's exit hooks (shutdown_at_exit): they take SIGTERM over, which the agent
     # handles itself (a graceful hand-back), and only work from the main thread.
     _node = AgentNode(params, head=True, shutdown_at_exit=False, spawn_reaper=True)
     atexit.register(stop)
-    runtime_env = None
-    if warm_start:
-        from swarm_trainer import warm_start as warm
-
-        _warm = warm.start()
-        runtime_env = {"py_executable": _warm.py_executable()}
+    _warm = warm
+    runtime_env = {"py_executable": warm.py_executable()} if warm else None
     ray.init(address=_node.address, log_to_driver=worker_logs, runtime_env=runtime_env)
 
 

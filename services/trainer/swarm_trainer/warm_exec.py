@@ -1,32 +1,80 @@
-"""A Ray worker's Python, started warm: the command Ray runs instead of ``python`` for each of an
-agent's worker processes (``warm_start``), run by path with ``python -I -S`` (the standard
-library only: it must itself start in milliseconds).
+"""A Ray worker's start, warm: Ray's "setup worker" for an agent's own Ray, and the command Ray
+runs instead of ``python`` for each of its worker processes (``warm_start``). Run by path, with
+the standard library only: it must itself start in milliseconds.
 
-It asks the agent's fork server for a child already holding Ray, Ray Train, torch,
-transformers and peft, hands it this process's standard streams, arguments, environment and
-directory, and then stands in for it: Ray's raylet started this process and watches it, so it
-lives exactly as long as the child, passes on the signals it gets, and exits as the child
-did. Where no fork server answers (or it declines), it becomes the plain ``python`` Ray would
-have run.
+Ray's raylet starts every Python worker as ``python setup_worker.py ...``, which imports Ray
+(half a CPU-second) to apply the worker's runtime environment and exec the worker's Python.
+The agent's Ray runs this file instead (``own_ray``): where the runtime environment asks for
+nothing but its variables and this file as the worker's Python (the job's ``py_executable``),
+it applies the variables as Ray's would and goes on in-process; for anything else it hands
+over to Ray's own.
+
+Then it asks the agent's fork server for a child already holding Ray, torch, transformers and
+peft, hands it this process's standard streams, arguments, environment, directory and process
+group, and stands in for it: Ray's raylet started this process and watches it, so it lives
+exactly as long as the child, passes on the signals it gets, and exits as the child did. Where
+no fork server answers (or it declines), it becomes the plain ``python`` Ray would have run.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
+import importlib.util
 import json
 import os
+import re
+import shlex
 import signal
 import socket
 import sys
+from typing import NoReturn
 
+# The first argument when Ray runs this file as a worker's Python (the socket comes next).
+STAND_IN = "--stand-in"
 # Signals a worker's own process may get and its child must see (SIGKILL and SIGSTOP cannot be
-# caught: the child leaves with this process (it watches it), and a stopped process group
-# stops the child too, as it is in the fork server's group, the agent's).
+# caught: the child leaves with this process, which it watches, and is in its process group).
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1)
 
 
 def main() -> None:
-    server, argv = sys.argv[1], sys.argv[2:]
+    if sys.argv[1] == STAND_IN:
+        stand_in(sys.argv[2], sys.argv[3:])
+    else:
+        setup_worker(sys.argv[1:])
+
+
+def setup_worker(args: list[str]) -> None:
+    """What Ray's ``setup_worker.py`` does for a worker whose Python is this file; Ray's own
+    for any other."""
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--serialized-runtime-env-context", default="")
+    parser.add_argument("--language", default="")
+    known, worker = parser.parse_known_args(args)
+    context = json.loads(known.serialized_runtime_env_context or "{}")
+    python = shlex.split(context.get("py_executable") or "")
+    if (
+        known.language == "PYTHON"
+        and not context.get("command_prefix")
+        and not context.get("override_worker_entrypoint")
+        and len(python) == 6
+        and python[4] == STAND_IN
+        and os.path.realpath(python[3]) == os.path.realpath(__file__)
+        and worker
+        and not worker[0].startswith("-")
+    ):
+        for key, value in (context.get("env_vars") or {}).items():
+            # As Ray's ``update_envs``: ${VAR} expanded, an unset one to nothing.
+            os.environ[key] = re.sub(r"\$\{[A-Z0-9_]+\}", "", os.path.expandvars(value))
+        stand_in(python[5], worker)
+    spec = importlib.util.find_spec("ray")
+    if spec is None or spec.origin is None:
+        raise SystemExit("Ray is not installed")
+    rays = os.path.join(os.path.dirname(spec.origin), "_private", "workers", "setup_worker.py")
+    os.execv(sys.executable, [sys.executable, rays, *args])
+
+
+def stand_in(server: str, argv: list[str]) -> NoReturn:
     try:
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         conn.connect(server)

@@ -37,6 +37,7 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -61,8 +62,6 @@ INTERNAL_FLAGS = ("RAY_JOB_ID", "RAY_RAYLET_PID", "RAY_OVERRIDE_NODE_ID_FOR_TEST
 # How often the server looks whether the agent that started it is still there.
 PARENT_CHECK_S = 2.0
 START_WAIT_S = 30.0
-# The entry ``python -m`` put first on this server's path (Ray inserts its own before it).
-_OWN_PATH = ""
 
 
 class WarmStart:
@@ -78,8 +77,12 @@ class WarmStart:
 
     def py_executable(self) -> str:
         """The command Ray runs instead of ``python`` for a worker."""
-        client = Path(__file__).with_name("warm_exec.py")
-        return shlex.join([sys.executable, "-I", "-S", str(client), str(self.socket_path)])
+        client = self.setup_worker_path()
+        return shlex.join([sys.executable, "-I", "-S", client, "--stand-in", str(self.socket_path)])
+
+    def setup_worker_path(self) -> str:
+        """What Ray runs instead of its ``setup_worker.py`` (``warm_exec``)."""
+        return str(Path(__file__).with_name("warm_exec.py"))
 
     def stop(self) -> None:
         # The workers it forked stay: they go with their stand-ins, which Ray stops.
@@ -108,50 +111,137 @@ def start(modules: tuple[str, ...] = WARM_MODULES) -> WarmStart:
 
 
 def serve(socket_path: str, modules: tuple[str, ...] = WARM_MODULES) -> None:
-    global _OWN_PATH
-    _OWN_PATH = sys.path[0]
-    parent = os.getppid()
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(socket_path)
-    listener.listen(64)
-    wake_r, wake_w = os.pipe()
-    os.set_blocking(wake_r, False)
-    os.set_blocking(wake_w, False)
-    signal.set_wakeup_fd(wake_w)
-    signal.signal(signal.SIGCHLD, lambda *_: None)
-    selector = selectors.DefaultSelector()
-    selector.register(listener, selectors.EVENT_READ)
-    selector.register(wake_r, selectors.EVENT_READ)
-    children: dict[int, socket.socket] = {}
-    flags: dict[str, str] | None = None  # set when warm
-    Path(socket_path).with_name("ready").touch()
-    while os.getppid() == parent:
-        for key, _ in selector.select(PARENT_CHECK_S):
-            if key.fileobj is not listener:
-                with contextlib.suppress(BlockingIOError):
-                    os.read(wake_r, 4096)
-                continue
-            conn, _ = listener.accept()
-            received = _receive(conn)
-            if received is None:
-                conn.close()
-                continue
-            fds, request = received
-            theirs = {f: request["env"][f] for f in INTERNAL_FLAGS if f in request["env"]}
-            if flags is None:
-                flags = _warm_up(theirs, modules)
-            pid = 0
-            if theirs == flags and not _cuda_initialized():
-                pid = _fork_worker(conn, fds, request, listener, children, (wake_r, wake_w))
-            for fd in fds:
-                os.close(fd)
-            if pid:
-                children[pid] = conn
-            else:
+    _Server(socket_path, modules).run()
+
+
+class _Server:
+    def __init__(self, socket_path: str, modules: tuple[str, ...]) -> None:
+        self.modules = modules
+        # ``python -m`` put this process's directory first on its path (Ray inserts before it).
+        self.own_path = sys.path[0]
+        self.parent = os.getppid()
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(socket_path)
+        self.listener.listen(64)
+        # SIGCHLD wakes the loop through this pipe, to reap the worker that ended.
+        self.wake = os.pipe()
+        for fd in self.wake:
+            os.set_blocking(fd, False)
+        signal.set_wakeup_fd(self.wake[1])
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        self.children: dict[int, socket.socket] = {}  # each forked worker's stand-in
+        self.flags: dict[str, str] | None = None  # set when warm
+        Path(socket_path).with_name("ready").touch()
+
+    def run(self) -> None:
+        selector = selectors.DefaultSelector()
+        selector.register(self.listener, selectors.EVENT_READ)
+        selector.register(self.wake[0], selectors.EVENT_READ)
+        while os.getppid() == self.parent:
+            for key, _ in selector.select(PARENT_CHECK_S):
+                if key.fileobj is self.listener:
+                    self._serve(self.listener.accept()[0])
+                else:
+                    with contextlib.suppress(BlockingIOError):
+                        os.read(self.wake[0], 4096)
+            self._reap()
+
+    def _serve(self, conn: socket.socket) -> None:
+        received = _receive(conn)
+        if received is None:
+            conn.close()
+            return
+        fds, request = received
+        theirs = {f: request["env"][f] for f in INTERNAL_FLAGS if f in request["env"]}
+        if self.flags is None:
+            self.flags = _warm_up(theirs, self.modules)
+        pid = 0
+        if theirs == self.flags and not _cuda_initialized():
+            pid = self._fork_worker(conn, fds, request)
+        for fd in fds:
+            os.close(fd)
+        if pid:
+            self.children[pid] = conn
+        else:
+            with contextlib.suppress(OSError):
+                conn.sendall(b"D")  # declined: the stand-in starts a cold Python
+            conn.close()
+
+    def _fork_worker(self, conn: socket.socket, fds: list[int], request: dict[str, Any]) -> int:
+        """Fork a worker for one request; its pid (0 if the stand-in is gone)."""
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                self._become_worker(conn, fds, request)
+            finally:
+                os._exit(1)
+        try:
+            conn.sendall(b"P" + pid.to_bytes(8, "big"))
+        except OSError:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            return 0
+        return pid
+
+    def _become_worker(self, conn: socket.socket, fds: list[int], request: dict[str, Any]) -> None:
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        self.listener.close()
+        for other in self.children.values():
+            other.close()
+        for fd in self.wake:
+            os.close(fd)
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+            os.close(fd)
+        # Ray puts each worker in a process group of its own (a signal to the agent's group
+        # does not reach it): the child joins its stand-in's.
+        with contextlib.suppress(OSError):
+            os.setpgid(0, request["pgid"])
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        argv: list[str] = request["argv"]
+        sys.argv = argv
+        # ``python script.py`` puts the script's directory where ``-m`` put the server's.
+        sys.path[sys.path.index(self.own_path)] = os.path.dirname(os.path.abspath(argv[0]))
+        _reseed()
+        # Ray's C++ side read its settings from the server's environment when the imports
+        # first asked for one: read again from the worker's.
+        from ray._raylet import Config
+
+        Config.initialize("")
+        # The stand-in (``warm_exec``) is the process Ray watches: when it goes, so does this.
+        threading.Thread(target=_exit_with, args=(conn,), daemon=True).start()
+        code = 1
+        try:
+            runpy.run_path(argv[0], run_name="__main__")
+            code = 0
+        except SystemExit as exit_:
+            code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+        except BaseException:
+            traceback.print_exc()  # as python prints what ended a script
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
+
+    def _reap(self) -> None:
+        while self.children:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            conn = self.children.pop(pid, None)
+            if conn is not None:
+                code = os.waitstatus_to_exitcode(status)
                 with contextlib.suppress(OSError):
-                    conn.sendall(b"D")  # declined: the stand-in starts a cold Python
+                    conn.sendall(b"X" + code.to_bytes(4, "big", signed=True))
                 conn.close()
-        _reap(children)
 
 
 def _warm_up(flags: dict[str, str], modules: tuple[str, ...]) -> dict[str, str]:
@@ -190,101 +280,11 @@ def _receive(conn: socket.socket) -> tuple[list[int], dict[str, Any]] | None:
         return None
 
 
-def _fork_worker(
-    conn: socket.socket,
-    fds: list[int],
-    request: dict[str, Any],
-    listener: socket.socket,
-    children: dict[int, socket.socket],
-    wake: tuple[int, int],
-) -> int:
-    """Fork a worker for one request; its pid (0 if the stand-in is gone)."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    pid = os.fork()
-    if pid == 0:
-        try:
-            _become_worker(conn, fds, request, listener, children, wake)
-        finally:
-            os._exit(1)
-    try:
-        conn.sendall(b"P" + pid.to_bytes(8, "big"))
-    except OSError:
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
-        return 0
-    return pid
-
-
-def _become_worker(
-    conn: socket.socket,
-    fds: list[int],
-    request: dict[str, Any],
-    listener: socket.socket,
-    children: dict[int, socket.socket],
-    wake: tuple[int, int],
-) -> None:
-    signal.set_wakeup_fd(-1)
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    listener.close()
-    for other in children.values():
-        other.close()
-    for fd in wake:
-        os.close(fd)
-    for target, fd in enumerate(fds):
-        os.dup2(fd, target)
-        os.close(fd)
-    # Ray puts each worker in a process group of its own (a signal to the agent's group does
-    # not reach it): the child joins its stand-in's.
-    with contextlib.suppress(OSError):
-        os.setpgid(0, request["pgid"])
-    os.chdir(request["cwd"])
-    os.environ.clear()
-    os.environ.update(request["env"])
-    argv: list[str] = request["argv"]
-    sys.argv = argv
-    # ``python script.py`` puts the script's directory where ``-m`` put the server's directory.
-    sys.path[sys.path.index(_OWN_PATH)] = os.path.dirname(os.path.abspath(argv[0]))
-    _reseed()
-    # Ray's C++ side read its settings from the server's environment when the imports first
-    # asked for one (the worker's job among them): read again from the worker's.
-    from ray._raylet import Config
-
-    Config.initialize("")
-    # The stand-in (``warm_exec``) is the process Ray watches: when it goes, so does this one.
-    threading.Thread(target=_exit_with, args=(conn,), daemon=True).start()
-    code = 0
-    try:
-        runpy.run_path(argv[0], run_name="__main__")
-    except SystemExit as exit_:
-        code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-    os._exit(code)
-
-
 def _exit_with(conn: socket.socket) -> None:
     with contextlib.suppress(OSError):
         while conn.recv(1):
             pass
     os._exit(1)
-
-
-def _reap(children: dict[int, socket.socket]) -> None:
-    while children:
-        try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
-        conn = children.pop(pid, None)
-        if conn is not None:
-            code = os.waitstatus_to_exitcode(status)
-            with contextlib.suppress(OSError):
-                conn.sendall(b"X" + code.to_bytes(4, "big", signed=True))
-            conn.close()
 
 
 def _cuda_initialized() -> bool:
