@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +23,7 @@ from ray.train import RunConfig, ScalingConfig
 from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 
 from swarm_trainer.attempt_trainer import AttemptTrainer
+from swarm_trainer.torch_backend import rendezvous_address
 
 HEAVY = ("torch", "transformers", "peft")
 
@@ -50,6 +52,16 @@ def test_two_ranks_form_a_gloo_group(tmp_path: Path) -> None:
     assert [r["RANK"] for r in ranks] == ["0", "1"]
     assert {r["WORLD_SIZE"] for r in ranks} == {"2"}
     assert {r["backend"] for r in ranks} == {"gloo"}  # no GPU asked
+
+
+def test_the_rendezvous_port_is_free_and_below_the_ephemeral_range() -> None:
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    ports = {rendezvous_address()[1] for _ in range(20)}
+    assert all(port < low for port in ports)
+    assert len(ports) > 1  # drawn at random: two runs on one machine rarely pick the same
+    for port in ports:
+        with socket.socket() as s:
+            s.bind(("", port))
 
 
 class Captured(Exception):

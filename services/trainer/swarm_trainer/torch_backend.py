@@ -57,7 +57,7 @@ class _TorchBackend(Backend):
     def on_start(self, worker_group: Any, backend_config: TorchBackendConfig) -> None:
         gpus = worker_group.get_resources_per_worker().get("GPU", 0)
         backend = backend_config.backend or ("nccl" if gpus > 0 else "gloo")
-        address, port = worker_group.execute_single(0, get_address_and_port)
+        address, port = worker_group.execute_single(0, rendezvous_address)
         worker_group.execute(_set_env, address=address, port=port)
         size = len(worker_group)
         ray.get(
@@ -95,6 +95,30 @@ class _DeviceContext:
 
     def __exit__(self, *exc: object) -> None:
         pass
+
+
+# Where the process group's rendezvous port is drawn from: below the kernel's ephemeral range
+# (and below the test suite's own ports).
+RENDEZVOUS_PORTS = range(10000, 20000)
+
+
+def rendezvous_address() -> tuple[str, int]:
+    """Rank 0's address and a free port for the group's rendezvous (its TCP store), which rank
+    0 binds a few seconds later. Ray's ``get_address_and_port`` binds port 0, and so gets a
+    port of the ephemeral range, which any outgoing connection on the machine may take in the
+    meantime (seen under load: the store failed with EADDRINUSE); none takes one below it."""
+    import random
+    import socket
+
+    for _ in range(100):
+        port = random.choice(RENDEZVOUS_PORTS)
+        with socket.socket() as probe:
+            try:
+                probe.bind(("", port))
+            except OSError:
+                continue
+        return ray.util.get_node_ip_address(), port
+    return get_address_and_port()
 
 
 def _set_env(address: str, port: int) -> None:
