@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -148,6 +149,21 @@ def test_without_a_server_or_for_another_job_the_worker_starts_cold(
     assert seen["pid"] == other.pid
     assert seen["warm"] is False
     other.wait(30)
+
+
+def test_a_server_that_does_not_answer_in_time_gets_a_cold_start(
+    worker: Path, tmp_path: Path
+) -> None:
+    silent = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    silent.bind(str(tmp_path / "silent.sock"))
+    silent.listen()
+    proc = stand_in(
+        tmp_path / "silent.sock", worker, "exit", "4", env={"SWARM_WARM_START_WAIT_S": "1"}
+    )
+    seen = report(proc)
+    assert proc.wait(30) == 4
+    assert seen["pid"] == proc.pid
+    silent.close()
 
 
 @ray.remote

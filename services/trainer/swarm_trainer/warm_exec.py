@@ -77,12 +77,16 @@ def setup_worker(args: list[str]) -> None:
 def stand_in(server: str, argv: list[str]) -> NoReturn:
     try:
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        # A server that does not answer in time (stuck, or still importing under heavy load)
+        # gets this worker started cold, within Ray's minute for a worker to register.
+        conn.settimeout(float(os.environ.get("SWARM_WARM_START_WAIT_S", "40")))
         conn.connect(server)
         request = {"argv": argv, "env": dict(os.environ), "cwd": os.getcwd(), "pgid": os.getpgid(0)}
         data = json.dumps(request).encode()
         socket.send_fds(conn, [len(data).to_bytes(8, "big")], [0, 1, 2])
         conn.sendall(data)
         answer = _read(conn, 9)
+        conn.settimeout(None)
     except OSError:
         answer = b""
     if answer[:1] != b"P":  # no fork server, or it declined: start cold
