@@ -166,6 +166,13 @@ def test_a_server_that_does_not_answer_in_time_gets_a_cold_start(
     silent.close()
 
 
+def test_no_module_beside_warm_exec_shadows_the_standard_library() -> None:
+    # Ray runs warm_exec.py by path, which puts its directory first on the path.
+    here = Path(warm_start.__file__).parent
+    names = {p.stem for p in here.glob("*.py")} | {p.name for p in here.iterdir() if p.is_dir()}
+    assert not names & set(sys.stdlib_module_names)
+
+
 @ray.remote
 class Probe:
     def describe(self) -> dict[str, object]:
