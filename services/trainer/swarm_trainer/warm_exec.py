@@ -85,7 +85,7 @@ def stand_in(server: str, argv: list[str]) -> NoReturn:
         data = json.dumps(request).encode()
         socket.send_fds(conn, [len(data).to_bytes(8, "big")], [0, 1, 2])
         conn.sendall(data)
-        answer = _read(conn, 9)
+        answer = read_exactly(conn, 9)
         conn.settimeout(None)
     except OSError:
         answer = b""
@@ -94,7 +94,7 @@ def stand_in(server: str, argv: list[str]) -> NoReturn:
     child = int.from_bytes(answer[1:], "big")
     for sig in FORWARDED:
         signal.signal(sig, lambda sig, _frame: _forward(child, sig))
-    status = _read(conn, 5)
+    status = read_exactly(conn, 5)
     if status[:1] != b"X":
         # The fork server died first; the connection ends when the child does.
         os._exit(1)
@@ -110,7 +110,8 @@ def _forward(child: int, sig: int) -> None:
         os.kill(child, sig)
 
 
-def _read(conn: socket.socket, size: int) -> bytes:
+def read_exactly(conn: socket.socket, size: int) -> bytes:
+    """``size`` bytes, or fewer if the other end closed first."""
     data = b""
     while len(data) < size:
         try:

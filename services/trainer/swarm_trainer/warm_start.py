@@ -41,6 +41,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from swarm_trainer.warm_exec import read_exactly
+
 # What every worker of an agent imports: Ray's worker, and a rank's torch, transformers, peft
 # and model code. Not Ray Train: importing Ray Data (which it does) draws from the random
 # generator of Ray's C++ side, which a fork would then give every worker in the same state, and
@@ -264,12 +266,9 @@ def _receive(conn: socket.socket) -> tuple[list[int], dict[str, Any]] | None:
         conn.settimeout(START_WAIT_S)
         header, fds, _, _ = socket.recv_fds(conn, 8, 3)
         size = int.from_bytes(header, "big")
-        body = b""
-        while len(body) < size:
-            chunk = conn.recv(size - len(body))
-            if not chunk:
-                raise OSError("request cut short")
-            body += chunk
+        body = read_exactly(conn, size)
+        if len(body) < size:
+            raise OSError("request cut short")
         conn.settimeout(None)
         if len(fds) != 3:
             raise OSError("no standard streams")
