@@ -17,8 +17,9 @@ import pytest
 
 from swarm_contracts.envelope import envelope
 from swarm_contracts.events import PauseRequest
-from swarm_contracts.jobs import JobSpec, JobSubmission, job_id_for
+from swarm_contracts.jobs import JobSpec, JobSubmission, ModelRef, job_id_for
 from swarm_contracts.replies import Reply
+from swarm_contracts.sessions import PLACE_SESSION, RELEASE_SESSION, PlaceSession, ReleaseSession
 from swarm_contracts.subjects import Subjects
 from swarm_contracts.workers import Heartbeat, Resources, WorkerBenchmark
 from swarm_gateway import create_app
@@ -266,6 +267,25 @@ async def test_services_work_and_are_fenced(secured_nats: str, tmp_path: Path) -
         bench = await c.post("/v1/workers/w1/benchmark")
         assert bench.status_code == 200, bench.text
         assert WorkerBenchmark.model_validate(bench.json()) == measured
+        # Gateway -> scheduler: a training session's lease (written to the session_leases
+        # bucket as the scheduler's user), then its release; on a worker with room to spare,
+        # as the queued jobs fill w1.
+        big = Resources(cpus=64, memory_bytes=1 << 30)
+        hb = Heartbeat(worker_id="big", resources=big, free=big)
+        await trainer.publish(
+            "swarm.workers.big.heartbeat",
+            envelope("trainer", "swarm.worker.heartbeat", hb).model_dump_json().encode(),
+        )
+        await asyncio.sleep(0.3)
+        tiny = ModelRef(name="tiny", version=1, store_key="models/tiny/1", digest="d" * 16)
+        session = "tsess-0123456789abcdef-train-0"
+        asked = PlaceSession(session=session, tenant="default", base_model=tiny)
+        lease = await app.state.gateway.scheduler.call(PLACE_SESSION, asked)
+        assert (lease.worker_id, lease.attempt) == ("big", 1)
+        ended = await app.state.gateway.scheduler.call(
+            RELEASE_SESSION, ReleaseSession(session=session, attempt=1)
+        )
+        assert ended.state == "ended"
         scheduler, scheduler_errors = await connect(secured_nats, "scheduler")
         await scheduler.publish("swarm.workers.w1.release", b"{}")
         assert (await releases.next_msg(timeout=5)).subject == "swarm.workers.w1.release"
@@ -314,6 +334,8 @@ async def test_services_work_and_are_fenced(secured_nats: str, tmp_path: Path) -
             assert await denied(gateway, gateway_errors, "swarm.workers.w1.release")
             assert await denied(trainer, trainer_errors, "swarm.workers.w2.benchmark")
             assert await denied(trainer, trainer_errors, "swarm.jobs.submit")
+            # Only the gateway asks for a training session's room on a worker.
+            assert await denied(trainer, trainer_errors, "swarm.scheduler.sessions.place")
             assert await denied(trainer, trainer_errors, "swarm.workers.w2.assign")
             assert await denied(trainer, trainer_errors, f"$KV.swarm_jobs.{job_id}")
             # A worker's events go on its own subject, to the scheduler; never the public one.

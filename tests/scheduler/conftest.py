@@ -23,6 +23,7 @@ from swarm_contracts.datasets import DatasetInfo, dataset_id_for
 from swarm_contracts.envelope import envelope
 from swarm_contracts.jobs import JobRecord, JobSpec
 from swarm_contracts.layout import dataset_key
+from swarm_contracts.sessions import HeldSession
 from swarm_contracts.subjects import Subjects
 from swarm_contracts.workers import Gpu, Heartbeat, HeartbeatState, Resources, RunningJob
 from swarm_registry.app import build_app as build_registry
@@ -130,6 +131,7 @@ class Harness:
         labels: dict[str, str] | None = None,
         gpus: list[Gpu] | None = None,
         state: HeartbeatState = "alive",
+        sessions: list[HeldSession] | None = None,
     ) -> None:
         res = Resources(cpus=cpus, memory_bytes=1 << 30, gpus=gpus or [])
         hb = Heartbeat(
@@ -137,6 +139,7 @@ class Harness:
             resources=res,
             free=res,
             running=running or [],
+            sessions=sessions or [],
             labels=labels or {},
             state=state,
         )

@@ -418,6 +418,22 @@ async def test_evil_reads_no_ones_replies_watches_or_records(stack: Stack, evil:
     }
     assert await evil.send(S.worker_attempt("honest"))
 
+    # Training sessions: it may not lease or release a worker's room, call a session, hear
+    # session calls (a provider holds none), or read the leases; of a session's lease, the
+    # scheduler tells it only that it holds none.
+    session = "tsess-0123456789abcdef-train-0"
+    for subject in (
+        S.scheduler("sessions.place"),
+        S.scheduler("sessions.release"),
+        S.worker_session("honest", session),
+        f"$JS.API.DIRECT.GET.KV_{S.bucket('session_leases')}",
+    ):
+        assert await evil.send(subject), subject
+    for subject in (S.worker_session("evil"), f"$KV.{S.bucket('session_leases')}.>"):
+        assert await evil.listen(subject), subject
+    status = await evil.ask(S.worker_attempt("evil"), {"job_id": session, "attempt": 1})
+    assert status["result"]["holds"] is False, status
+
     await asyncio.sleep(1.0)  # the honest job keeps talking meanwhile: evil hears none of it
     assert evil.heard == []
     assert "Violation" in server_log(stack)

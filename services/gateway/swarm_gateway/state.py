@@ -57,12 +57,14 @@ class Gateway:
     registry: ServiceClient = field(init=False)
     telemetry: ServiceClient = field(init=False)
     trainer: ServiceClient = field(init=False)
+    scheduler: ServiceClient = field(init=False)
 
     def __post_init__(self) -> None:
         timeout = self.request_timeout_s
         self.registry = ServiceClient(self.nc, "registry", self.subjects.registry, timeout)
         self.telemetry = ServiceClient(self.nc, "telemetry", self.subjects.telemetry, timeout)
         self.trainer = ServiceClient(self.nc, "trainer", self.subjects.trainer, timeout)
+        self.scheduler = ServiceClient(self.nc, "scheduler", self.subjects.scheduler, timeout)
 
     # The inference workers' latest heartbeats (GET /v1/models says what is served).
     inference_workers: InferenceWorkers | None = None

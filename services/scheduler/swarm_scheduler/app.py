@@ -16,13 +16,20 @@ from swarm_contracts.events import AnyJobEvent, CancelRequest, PauseRequest, Res
 from swarm_contracts.jobs import JobSubmission
 from swarm_contracts.providers import ATTEMPT_TOKEN_HEADER
 from swarm_contracts.replies import Reply
+from swarm_contracts.sessions import (
+    PLACE_SESSION,
+    RELEASE_SESSION,
+    PlaceSession,
+    ReleaseSession,
+    SessionLease,
+)
 from swarm_contracts.subjects import Subjects
 from swarm_contracts.verification import VerifyRequest
 from swarm_contracts.workers import AttemptQuery, AttemptStatus, Heartbeat
 from swarm_runtime.broker import make_broker
 from swarm_runtime.intake import Handler, Intake, IntakeMetrics, RawMsg, RetryLater
 from swarm_runtime.prometheus import MetricsServer
-from swarm_runtime.rpc import answer
+from swarm_runtime.rpc import answer, route
 from swarm_runtime.settings import Settings
 from swarm_runtime.tracing import context_from_headers, setup_tracing, tracer_of
 from swarm_scheduler.metrics import SchedulerMetrics
@@ -85,6 +92,12 @@ class Handlers:
     async def on_attempt(self, query: AttemptQuery, message: NatsMessage) -> Reply[AttemptStatus]:
         worker_id = Subjects.worker_of(message.raw_message.subject) or ""
         return await answer(Reply[AttemptStatus], self.scheduler.attempt_status(query, worker_id))
+
+    async def on_place_session(self, request: PlaceSession) -> Reply[SessionLease]:
+        return await answer(Reply[SessionLease], self.scheduler.place_session(request))
+
+    async def on_release_session(self, request: ReleaseSession) -> Reply[SessionLease]:
+        return await answer(Reply[SessionLease], self.scheduler.release_session(request))
 
     async def on_cancel(self, event: CloudEvent[CancelRequest], msg: RawMsg) -> None:
         self._follower_gives_back()
@@ -195,9 +208,15 @@ def build_app(settings: Settings) -> FastStream:
     metrics_server = MetricsServer(settings, metrics.registry, "scheduler")
     consumers = Consumers(broker, scheduler, metrics.intakes)
     # Whether a worker still holds an attempt: any scheduler process answers from its view.
-    broker.subscriber(scheduler.subjects.worker_attempt(), queue="scheduler")(
-        Handlers(scheduler).on_attempt
-    )
+    handlers = Handlers(scheduler)
+    broker.subscriber(scheduler.subjects.worker_attempt(), queue="scheduler")(handlers.on_attempt)
+    # The gateway leases room to training sessions (the leader answers; a follower refuses).
+    for served in (
+        route(PLACE_SESSION, handlers.on_place_session),
+        route(RELEASE_SESSION, handlers.on_release_session),
+    ):
+        subject = scheduler.subjects.scheduler(served.action.name)
+        broker.subscriber(subject, queue="scheduler")(served.handler)
 
     app = FastStream(broker)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import bisect
 import functools
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
@@ -344,6 +345,7 @@ def plan(
     used: dict[str, Capacity] | None = None,
     order: Order = "best_fit",
     held_back: Callable[[], Sequence[WorkerInfo]] = tuple,
+    sessions: Counter[str] | None = None,
 ) -> Plan:
     """Place queued jobs in fair-share order (see ``queue_policy``) on the best-fitting worker,
     or with ``order="fastest"`` on the fastest fitting one; among equally fitting workers, one
@@ -352,7 +354,8 @@ def plan(
     ``jobs`` are the records that may hold capacity (at least every assigned or running one).
     ``used`` is ``held(jobs)`` when the caller keeps it up to date already. ``held_back()``:
     the present workers placement may not use (cordoned, leaving, ...), asked for only to
-    say why a job waits.
+    say why a job waits. ``sessions``: each tenant's held training sessions, running work in
+    the fair share (their room is in ``used``).
     A job that does not fit is skipped, so a smaller one behind it can still go (backfill).
     """
     jobs = list(jobs)
@@ -366,7 +369,7 @@ def plan(
     # A shape that found no room once in this pass finds none later either: skip the scan.
     full: dict[tuple[object, ...], str] = {}
     kept_back: list[WorkerInfo] | None = None
-    queue = FairQueue(queued, jobs, tenant_max_running)
+    queue = FairQueue(queued, jobs, tenant_max_running, sessions)
     for job in queue:
         if (limit_reason := queue.over_limit(job)) is not None:
             result.waiting[job.job_id] = limit_reason

@@ -28,14 +28,19 @@ class FairQueue:
 
     ``jobs`` are the records that may hold capacity: they give each tenant's running count and
     its last service time (the latest ``assigned_at``), both read from the records so that a new
-    leader continues the same policy.
+    leader continues the same policy. ``sessions``: each tenant's held training sessions
+    (swarm_scheduler.session_leases), which count as running work too.
     """
 
     def __init__(
-        self, queued: Iterable[JobRecord], jobs: Iterable[JobRecord], max_running: int = 0
+        self,
+        queued: Iterable[JobRecord],
+        jobs: Iterable[JobRecord],
+        max_running: int = 0,
+        sessions: Counter[str] | None = None,
     ) -> None:
         self.max_running = max_running
-        self.running: Counter[str] = Counter()
+        self.running: Counter[str] = Counter(sessions or {})
         self.last_served: dict[str, datetime] = {}
         for job in jobs:
             if job.state in _HOLDING:

@@ -18,6 +18,7 @@ import hashlib
 import logging
 import secrets
 import time
+from collections import Counter
 from collections.abc import Awaitable, Iterable
 from datetime import timedelta
 
@@ -43,6 +44,7 @@ from swarm_contracts.jobs import JobRecord, JobState, JobSubmission, job_id_for,
 from swarm_contracts.memory_estimate import estimate_memory
 from swarm_contracts.providers import token_digest
 from swarm_contracts.registry import ModelVersion
+from swarm_contracts.sessions import PlaceSession, ReleaseSession, SessionLease
 from swarm_contracts.subjects import Subjects
 from swarm_contracts.workers import (
     Assignment,
@@ -56,7 +58,7 @@ from swarm_contracts.workers import (
 from swarm_runtime.broker import publish_job_event
 from swarm_runtime.leader import Lead
 from swarm_runtime.records import Conflict, RecordTable
-from swarm_runtime.rpc import Unavailable
+from swarm_runtime.rpc import Refused, Unavailable
 from swarm_runtime.tasks import cancel_and_wait
 from swarm_runtime.topology import ensure_topology, kv_bucket
 from swarm_runtime.tracing import child_span, traceparent
@@ -65,6 +67,7 @@ from swarm_scheduler.metrics import SchedulerMetrics
 from swarm_scheduler.parents import resolve_fork, resolve_parent
 from swarm_scheduler.placement import HOLDING, plan
 from swarm_scheduler.registry_client import UnknownModel, model_ref, resolve_model
+from swarm_scheduler.session_leases import SessionLeases, is_session
 from swarm_scheduler.settings import SchedulerSettings
 from swarm_scheduler.transitions import (
     apply_event,
@@ -126,6 +129,7 @@ class Scheduler:
         self._release_sent: dict[str, float] = {}  # worker id -> when it was last asked
         self._pause_sent: dict[str, float] = {}  # job id -> when its worker was last asked
         self.leases = LeaseBook()
+        self.sessions = SessionLeases(settings.assign_timeout_s)
         self._worker_kv_written: dict[str, tuple[object, float]] = {}
         self._datasets: dict[str, DatasetInfo] = {}  # content-addressed: never change
         self._models: dict[str, tuple[ModelVersion, float]] = {}
@@ -157,6 +161,8 @@ class Scheduler:
         self.verifications.worker_ops = RecordTable(ops_kv, WorkerOps)
         # Rebuild the view before serving: a restarted scheduler picks up where it left.
         await self.view.load(await kv_bucket(js, self.subjects, "jobs"))
+        leases = await kv_bucket(js, self.subjects, "session_leases")
+        await self.sessions.load(RecordTable(leases, SessionLease))
         self._started_at = time.monotonic()
         await self.lead.prepare(js, self.subjects, self.settings.leader_lease_s)
 
@@ -166,6 +172,7 @@ class Scheduler:
             # that a silent one is gone, and count lease times from now.
             self._started_at = time.monotonic()
             self.leases.restart()
+            await self.sessions.load(self.sessions.table)
             self._unheard_checked = False
             self.wake()
 
@@ -456,6 +463,12 @@ class Scheduler:
     async def attempt_status(self, query: AttemptQuery, worker_id: str) -> AttemptStatus:
         """Whether ``worker_id`` (the subject the question came on) holds ``query``'s attempt,
         as this process's view of the records says (every scheduler process answers)."""
+        if is_session(query.job_id):
+            holds = await self.sessions.holds(query.job_id, query.attempt, worker_id)
+            state = JobState.running if holds else None
+            return AttemptStatus(
+                job_id=query.job_id, attempt=query.attempt, holds=holds, state=state
+            )
         record = self.view.open.get(query.job_id)
         if record is None and not self.view.finished(query.job_id):
             record = await self.view.read(query.job_id)
@@ -480,6 +493,7 @@ class Scheduler:
                 # Left behind by a worker that left on purpose (its hand-back did not make
                 # it in time): not a failed attempt, as a hand-back is not.
                 await self._take_back_all(info.worker_id, "worker shut down", handback=True)
+                await self._end_sessions(info.worker_id, f"worker {info.worker_id} shut down")
             return
         if heartbeat.state == "starting" and self.leading and info.worker_id in self.view.held:
             # A worker process that is starting runs nothing yet: whatever the records still
@@ -487,9 +501,12 @@ class Scheduler:
             # than when the lease runs out.
             log.warning("worker %s restarted: taking back its jobs", info.worker_id)
             await self._take_back_all(info.worker_id, f"worker {info.worker_id} restarted")
+        if heartbeat.state == "starting" and self.leading:
+            await self._end_sessions(info.worker_id, f"worker {info.worker_id} restarted")
         for job in heartbeat.running:
             if job.job_id in self.view.open:  # a finished job's listing keeps nothing
                 self.leases.listed(job.job_id, job.attempt, now)
+        self.sessions.listed_by(info.worker_id, heartbeat.sessions, now)
         if fresh:
             log.info("worker %s is alive: %s", info.worker_id, info.resources.model_dump())
             self.wake()
@@ -602,6 +619,53 @@ class Scheduler:
         ):
             log.warning("%s %s: %s", due.action, due.job_id, due.reason)
             await self.requeue(due.job_id, due.worker_id, due.reason, cancel=due.action == "cancel")
+        for session, reason in self.sessions.lapsed(now, self.workers.is_alive):
+            log.warning("training session %s: lease ended: %s", session, reason)
+            await self.sessions.end(session, reason)
+            self.wake()
+
+    # --- training sessions (swarm_scheduler.session_leases) ----------------------------------
+
+    def _leader_only(self) -> None:
+        if not self.leading:
+            # Every scheduler process hears the request; the gateway asks again at once.
+            raise Refused("this scheduler process is not leading", "internal")
+
+    async def place_session(self, request: PlaceSession) -> SessionLease:
+        """Lease a worker's room to a training session (or to its next attempt, off ``avoid``)."""
+        self._leader_only()
+        jobs = self.view.open.values()
+        tenant_jobs = Counter(j.tenant for j in jobs if j.worker_id and j.state in HOLDING)
+        if request.avoid is not None:
+            held = self.sessions.held.get(request.session)
+            if held is not None and held[0].worker_id == request.avoid:
+                await self.sessions.end(request.session, f"worker {request.avoid} was lost")
+        lease = await self.sessions.place(
+            request,
+            self.workers.pool(),
+            self.view.held,
+            tenant_jobs,
+            self.settings.tenant_max_running,
+            self.workers.held_back(),
+        )
+        log.info(
+            "training session %s (attempt %d) placed on %s",
+            lease.session,
+            lease.attempt,
+            lease.worker_id,
+        )
+        return lease
+
+    async def release_session(self, request: ReleaseSession) -> SessionLease:
+        self._leader_only()
+        lease = await self.sessions.release(request)
+        self.wake()  # its room may take a queued job
+        return lease
+
+    async def _end_sessions(self, worker_id: str, reason: str) -> None:
+        for session in self.sessions.of_worker(worker_id):
+            await self.sessions.end(session, reason)
+        self.wake()
 
     async def _mark_unheard_workers_lost(self) -> None:
         """Workers whose records still say they are there but who have not sent a heartbeat
@@ -687,9 +751,10 @@ class Scheduler:
             self.workers.pool(),
             jobs,
             self.settings.tenant_max_running,
-            self.view.held,
+            self.sessions.used(self.view.held),
             self.settings.placement_order,
             self.workers.held_back,
+            self.sessions.running(),
         )
         # The plan already gave each job its own room, so the writes can go out together:
         # each is a compare-and-set on its own record, and one that fails leaves its room

@@ -18,6 +18,7 @@ import re
 import socket
 import time
 import uuid
+from collections.abc import Callable
 
 from faststream.nats import NatsBroker
 from opentelemetry.trace import NoOpTracer, Tracer
@@ -26,6 +27,7 @@ from swarm_contracts.envelope import envelope
 from swarm_contracts.events import CancelRequest, JobEvent
 from swarm_contracts.jobs import JobRecord, JobState
 from swarm_contracts.providers import read_credentials, token_digest
+from swarm_contracts.sessions import HeldSession
 from swarm_contracts.subjects import Subjects
 from swarm_contracts.workers import (
     ATTEMPT,
@@ -96,6 +98,9 @@ class TrainerAgent:
         # The ranks fill it (on this machine); heartbeats say which base models it holds.
         self.cache = CacheSettings.of(settings).open()
         self.active: dict[str, Attempt] = {}
+        # The training sessions held here (set by the app: swarm_trainer.sessions_host), listed
+        # in the heartbeats, which keeps their leases.
+        self.sessions: Callable[[], list[HeldSession]] = list
         # The job records (the cluster's own agents only: ``status``).
         self.jobs: RecordTable[JobRecord] | None = None
         # Superseded runs still stopping, each replaced in ``active`` by its job's new attempt.
@@ -305,6 +310,7 @@ class TrainerAgent:
                 RunningJob(job_id=a.job.job_id, attempt=a.job.attempt, step=a.step)
                 for a in self.active.values()
             ],
+            sessions=self.sessions(),
             labels={"ray": os.environ.get("RAY_ADDRESS", "local"), **self.labels},
             state=self.state,
             benchmark=self.benchmark,
@@ -458,6 +464,11 @@ class TrainerAgent:
             return await self.scheduler.call(ATTEMPT, query)
         found = await self.jobs.get(job.job_id)
         return AttemptStatus.of(found[0] if found else None, query, self.worker_id)
+
+    async def holds_session(self, session: str, attempt: int) -> bool:
+        """Whether the scheduler's lease of ``session`` is still this worker's ``attempt``."""
+        query = AttemptQuery(job_id=session, attempt=attempt)
+        return (await self.scheduler.call(ATTEMPT, query)).holds
 
 
 def _load_training() -> None:

@@ -93,7 +93,10 @@ def build_app(settings: Settings) -> FastStream:
     # this worker's own subject, one at a time (their order is the session's). Only the
     # cluster's own agents hold sessions (docs/tinker.md): a session is no job whose attempt
     # would grant a provider store access, and providers' credentials do not allow the subject.
-    sessions = SessionHost(agent.store, agent.cache, settings.session_idle_s)
+    sessions = SessionHost(
+        agent.store, agent.cache, settings.session_idle_s, holds=agent.holds_session
+    )
+    agent.sessions = sessions.listed
     if agent.provider is None:
 
         @broker.subscriber(subjects.worker_session(agent.worker_id))

@@ -7,6 +7,12 @@ once the gateway has accepted the previous one); a call whose ``seq_id`` is not 
 one run is refused rather than run out of order (ids may skip: a call the gateway refused never
 arrives). A session no call touched for ``session_idle_s`` is
 closed.
+
+Each session is held under the scheduler's lease (swarm_scheduler.session_leases): the worker
+lists what it holds in its heartbeats (``listed``), which keeps the leases; a call of another
+attempt than the one held is refused, and before a save writes to the store the worker asks
+the scheduler whether it still holds that attempt (``holds``): a worker frozen while its
+session moved on cannot overwrite what the session's new worker saves.
 """
 
 from __future__ import annotations
@@ -14,9 +20,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from swarm_contracts.sessions import SessionCall, SessionResult
+from swarm_contracts.sessions import HeldSession, SessionCall, SessionResult
 from swarm_runtime.rpc import Refused
 from swarm_runtime.store import ObjectStore
 from swarm_trainer.cache import TransferCache
@@ -28,16 +35,35 @@ log = logging.getLogger(__name__)
 class Held:
     tenant: str
     session: object  # a swarm_trainer.session.TrainingSession (torch: imported on first use)
+    attempt: int
     last_seq: int = 0
     last_used: float = field(default_factory=time.monotonic)
 
 
+# Whether this worker still holds attempt ``n`` of a session's lease (asked of the scheduler).
+Holds = Callable[[str, int], Awaitable[bool]]
+SAVES = ("save_state", "save_weights_for_sampler")
+
+
 class SessionHost:
-    def __init__(self, store: ObjectStore | None, cache: TransferCache, idle_s: float) -> None:
+    def __init__(
+        self,
+        store: ObjectStore | None,
+        cache: TransferCache,
+        idle_s: float,
+        holds: Holds | None = None,
+    ) -> None:
         self.store = store
         self.cache = cache
         self.idle_s = idle_s
+        self.holds = holds
         self.held: dict[str, Held] = {}
+        self.building: dict[str, int] = {}  # session -> attempt, while its model is built
+
+    def listed(self) -> list[HeldSession]:
+        """What the heartbeats list: the sessions held and being built, with their attempts."""
+        held = [HeldSession(session=t, attempt=h.attempt) for t, h in self.held.items()]
+        return held + [HeldSession(session=t, attempt=a) for t, a in self.building.items()]
 
     async def call(self, call: SessionCall) -> SessionResult:
         self.close_idle()
@@ -46,12 +72,26 @@ class SessionHost:
         held = self.held.get(call.session)
         if held is None or held.tenant != call.tenant:
             raise Refused(f"no training session {call.session} on this worker", "not_found")
+        if call.attempt != held.attempt:
+            raise Refused(
+                f"attempt {call.attempt} of session {call.session} is not this worker's (it "
+                f"holds attempt {held.attempt})",
+                "forbidden",
+            )
         if call.op == "close":
             del self.held[call.session]
             return SessionResult()
         if call.seq_id <= held.last_seq:
             raise Refused(f"seq_id: {call.seq_id} out of order, after {held.last_seq}")
         held.last_seq = call.seq_id
+        holds = self.holds
+        if call.op in SAVES and holds is not None and not await holds(call.session, held.attempt):
+            del self.held[call.session]  # moved on without this worker: let it go
+            raise Refused(
+                f"this worker no longer holds attempt {held.attempt} of session "
+                f"{call.session}: nothing saved",
+                "forbidden",
+            )
         held.last_used = started = time.monotonic()
         result = await asyncio.to_thread(self._run, held, call)
         result.compute_s = time.monotonic() - started
@@ -67,8 +107,8 @@ class SessionHost:
     async def _create(self, call: SessionCall) -> SessionResult:
         if call.create is None:
             raise Refused("create: no model")
-        if call.session in self.held:
-            return self.held[call.session].session.info()  # type: ignore[attr-defined]
+        if (same := self.held.get(call.session)) is not None and same.attempt == call.attempt:
+            return same.session.info()  # type: ignore[attr-defined]
         store = self._store()
         spec = call.create
 
@@ -83,8 +123,13 @@ class SessionHost:
             return session
 
         started = time.monotonic()
-        session = await asyncio.to_thread(build)
-        self.held[call.session] = Held(call.tenant, session)
+        self.building[call.session] = call.attempt
+        try:
+            session = await asyncio.to_thread(build)
+        finally:
+            self.building.pop(call.session, None)
+        # An older attempt held here (the session came back to this worker) is replaced.
+        self.held[call.session] = Held(call.tenant, session, call.attempt)
         log.info("training session %s (%s) opened", call.session, spec.base_model.name)
         result: SessionResult = session.info()  # type: ignore[attr-defined]
         result.compute_s = time.monotonic() - started

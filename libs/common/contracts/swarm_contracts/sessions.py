@@ -10,12 +10,14 @@ SDK's ``user`` error category); anything else is the server's.
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from swarm_contracts.jobs import ModelRef
+from swarm_contracts.jobs import ModelRef, utcnow
 from swarm_contracts.names import NAME_PATTERN
+from swarm_contracts.replies import Action
 
 # A session's subject token and KV key: the Tinker model id with ':' made '-'
 # (``<session>:train:<n>`` -> ``<session>-train-<n>``).
@@ -82,6 +84,12 @@ class SessionCall(BaseModel):
     session: str = Field(pattern=SESSION_TOKEN_PATTERN)
     tenant: str = Field(pattern=NAME_PATTERN)
     seq_id: int = Field(ge=0, description="the SDK's order of the session's calls (create: 0)")
+    attempt: int = Field(
+        default=1,
+        ge=1,
+        description="the lease's attempt (SessionLease): a worker holding "
+        "another attempt of the session refuses the call",
+    )
     op: Op
     create: CreateSession | None = None
     data: list[SessionDatum] = Field(default_factory=list)
@@ -108,3 +116,54 @@ class SessionResult(BaseModel):
     compute_s: float | None = Field(
         default=None, description="how long the worker ran the call (not waiting for its turn)"
     )
+
+
+# --- placement: the scheduler leases a worker's room to a session, as to a job ---------------
+
+
+class PlaceSession(BaseModel):
+    """``swarm.scheduler.sessions.place`` (gateway -> scheduler): lease room for the session on
+    a worker, other than ``avoid`` (the worker it was lost with: its lease ends)."""
+
+    session: str = Field(pattern=SESSION_TOKEN_PATTERN)
+    tenant: str = Field(pattern=NAME_PATTERN)
+    base_model: ModelRef
+    avoid: str | None = None
+
+
+class ReleaseSession(BaseModel):
+    """``swarm.scheduler.sessions.release``: the session's lease (this attempt of it) ends."""
+
+    session: str = Field(pattern=SESSION_TOKEN_PATTERN)
+    attempt: int = Field(ge=1)
+    reason: str = Field(default="closed", max_length=500)
+
+
+class SessionLease(BaseModel):
+    """A session's room on a worker (KV bucket ``session_leases``, written by the scheduler):
+    it counts against the worker's capacity (``cpus``/``gpus``: the worker's session lane,
+    which its sessions share) and its tenant's running work like a job's assignment, is renewed
+    by the worker's heartbeats listing it (``HeldSession``), and each placement of the session
+    is a new ``attempt``, the fencing token its calls carry."""
+
+    session: str = Field(pattern=SESSION_TOKEN_PATTERN)
+    tenant: str = Field(pattern=NAME_PATTERN)
+    worker_id: str
+    attempt: int = Field(ge=1)
+    cpus: int = Field(ge=0)
+    gpus: int = Field(ge=0)
+    state: Literal["held", "ended"] = "held"
+    reason: str | None = Field(default=None, description="why it ended")
+    granted_at: datetime = Field(default_factory=utcnow)
+    ended_at: datetime | None = None
+
+
+class HeldSession(BaseModel):
+    """A session a worker holds (or is building), listed in its heartbeats."""
+
+    session: str
+    attempt: int
+
+
+PLACE_SESSION = Action("sessions.place", PlaceSession, SessionLease)
+RELEASE_SESSION = Action("sessions.release", ReleaseSession, SessionLease)

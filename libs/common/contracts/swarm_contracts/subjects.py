@@ -141,6 +141,10 @@ class Subjects:
         """Registry queries, e.g. ``registry("models.get")``."""
         return self._s(f"swarm.registry.{action}")
 
+    def scheduler(self, action: str) -> str:
+        """Requests to the leading scheduler, e.g. ``scheduler("sessions.place")``."""
+        return self._s(f"swarm.scheduler.{action}")
+
     def trainer(self, action: str) -> str:
         """Requests any trainer agent can answer, e.g. ``trainer("export")``."""
         return self._s(f"swarm.trainer.{action}")

@@ -18,6 +18,7 @@ from swarm_contracts.jobs import (
     utcnow,
 )
 from swarm_contracts.replies import Action
+from swarm_contracts.sessions import HeldSession
 from swarm_contracts.verification import VerifyTarget
 
 
@@ -90,6 +91,9 @@ class Heartbeat(BaseModel):
     resources: Resources
     free: Resources
     running: list[RunningJob] = Field(default_factory=list)
+    sessions: list[HeldSession] = Field(
+        default_factory=list, description="the training sessions it holds: renews their leases"
+    )
     labels: dict[str, str] = Field(default_factory=dict)
     time: datetime = Field(default_factory=utcnow)
     state: HeartbeatState = "alive"

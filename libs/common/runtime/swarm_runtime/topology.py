@@ -35,6 +35,7 @@ BUCKETS = (
     "leader",
     "sweeps",
     "trials",
+    "session_leases",
 )
 
 # Buckets read with direct gets (``$JS.API.DIRECT.GET.<stream>.<subject>``): the key is in the

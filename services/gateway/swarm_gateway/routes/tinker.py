@@ -32,6 +32,7 @@ from swarm_contracts.sessions import (
     CreateSession,
     Op,
     SessionCall,
+    SessionLease,
     SessionResult,
 )
 from swarm_gateway.auth import DEFAULT_TENANT, KeyTable
@@ -199,7 +200,7 @@ class FinishBody(Lenient):
 
 
 @router.post("/sessions/{session_id}/finish")
-async def finish_session(session_id: str, body: FinishBody, t: T, tenant: Tenant) -> None:
+async def finish_session(session_id: str, body: FinishBody, gw: GW, t: T, tenant: Tenant) -> None:
     """``ServiceClient.close``: the session ends (the first reason stays), its models are
     closed and freed on their workers; later calls on them are a 409."""
     record = await session_of(t, tenant, session_id, finished_too=True)
@@ -213,10 +214,10 @@ async def finish_session(session_id: str, body: FinishBody, t: T, tenant: Tenant
         await t.sessions.modify(session_id, finish)
     for token in await t.models.keys():
         if token.startswith(f"{session_id}-train-"):
-            await _close_model(t, token)
+            await _close_model(gw, t, token)
 
 
-async def _close_model(t: Tables, token: str) -> None:
+async def _close_model(gw: Gateway, t: Tables, token: str) -> None:
     def close(r: ModelRecord) -> ModelRecord | None:
         if r.state == "closed":
             return None
@@ -227,8 +228,10 @@ async def _close_model(t: Tables, token: str) -> None:
     if written is None:
         return
     record = written[0]
-    call = SessionCall(session=token, tenant=record.tenant, seq_id=0, op="close")
-    await _send(t, record, call)
+    if record.worker_id:  # else it was still waiting for room
+        call = SessionCall(session=token, tenant=record.tenant, seq_id=0, op="close")
+        await _send(t, record, call)
+    await sessions.release(gw, record)
 
 
 # --- models ----------------------------------------------------------------------------------
@@ -278,21 +281,35 @@ async def _create(
     """Place and build a new training model (``create.load_key``: from saved state, whose
     ``path`` the call's future then answers, as for a load)."""
     model_id = f"{session_id}:train:{model_seq_id}"
+    token = model_token(model_id)
+    try:
+        granted: SessionLease | None = await sessions.lease(gw, token, tenant, create.base_model)
+        waiting = None
+    except sessions.NoRoom as exc:  # it waits for room: the future stays pending meanwhile
+        granted, waiting = None, str(exc)
     record = ModelRecord(
         model_id=model_id,
         session_id=session_id,
         tenant=tenant,
-        worker_id=await sessions.place(gw, create.base_model),
+        worker_id=granted.worker_id if granted else "",
+        attempt=granted.attempt if granted else 1,
+        state="creating" if granted else "queued",
         base_model=create.base_model,
         base_model_name=base_model_name,
         rank=create.rank,
         target_modules=create.target_modules,
         create=create,
     )
-    token = model_token(model_id)
     await t.models.put(token, record)
     call = SessionCall(session=token, tenant=tenant, seq_id=0, op="create", create=create)
-    return await _send(t, record, call, then=sessions.built(t.models, token), path=path)
+    if waiting is None:
+        return await _send(t, record, call, then=sessions.built(t.models, token), path=path)
+    future = _future(t, record, call, path)
+    future.waiting = waiting
+    await t.futures.put(future.request_id, future)
+    t.calls.expect(future.request_id)
+    sessions.wait_for_room(gw, t.models, t.calls, call, future, waiting)
+    return {"request_id": future.request_id, "model_id": model_id}
 
 
 class GetInfoBody(Lenient):
@@ -470,7 +487,7 @@ async def retrieve_future(
         # Only a call pending a while is checked for a lost worker: a quick call must not pay
         # two more reads (the "no responders" answer covers a worker gone before the call).
         waited = time.time() - future.sent_at
-        if future.state == "pending" and future.worker_id is not None and waited > LOST_CHECK_S:
+        if future.state == "pending" and future.worker_id and waited > LOST_CHECK_S:
             lost = await _lost_with_its_worker(gw, t, future)
             if lost is not None:
                 future.state, future.category, future.error = "failed", "server", lost
@@ -479,7 +496,7 @@ async def retrieve_future(
             return _answer(future)
         left = deadline - time.monotonic()
         if left <= 0:
-            return {"type": "try_again", "request_id": future.request_id, "queue_state": "active"}
+            return _try_again(future)
         await t.calls.wait(future.request_id, min(left, 1.0))
 
 
@@ -494,6 +511,17 @@ async def _lost_with_its_worker(gw: Gateway, t: Tables, future: FutureRecord) ->
     return await sessions.restore(
         gw, t.models, t.calls, model_token(future.model_id), future.worker_id
     )
+
+
+def _try_again(future: FutureRecord) -> dict[str, Any]:
+    if future.waiting is not None:  # a model waiting for room on a worker
+        return {
+            "type": "try_again",
+            "request_id": future.request_id,
+            "queue_state": "paused_capacity",
+            "queue_state_reason": future.waiting,
+        }
+    return {"type": "try_again", "request_id": future.request_id, "queue_state": "active"}
 
 
 def _answer(future: FutureRecord) -> Response | dict[str, Any]:
@@ -533,18 +561,23 @@ async def _send(
     path: str | None = None,
     then: Any = None,
 ) -> dict[str, str]:
-    request_id = t.calls.new_id()
-    future = FutureRecord(
-        request_id=request_id,
+    future = _future(t, record, call, path)
+    # The lease's attempt fences the call: a worker holding another attempt refuses it.
+    call = call.model_copy(update={"attempt": record.attempt})
+    await t.calls.send(record.worker_id, call, future, then)
+    return {"request_id": future.request_id, "model_id": record.model_id}
+
+
+def _future(t: Tables, record: ModelRecord, call: SessionCall, path: str | None) -> FutureRecord:
+    return FutureRecord(
+        request_id=t.calls.new_id(),
         tenant=record.tenant,
         model_id=record.model_id,
-        worker_id=record.worker_id,
+        worker_id=record.worker_id or None,
         op=call.op,
         deadline=time.time() + sessions.CALL_TIMEOUT_S,
         path=path,
     )
-    await t.calls.send(record.worker_id, call, future, then)
-    return {"request_id": request_id, "model_id": record.model_id}
 
 
 async def _save(

@@ -45,12 +45,13 @@ class ModelRecord(BaseModel):
     model_id: str
     session_id: str
     tenant: str
-    worker_id: str
+    worker_id: str = Field(description="empty while it waits for room on a worker")
+    attempt: int = Field(default=1, description="its lease's attempt (each placement a new one)")
     base_model: ModelRef
     base_model_name: str = Field(description="as the client named it (registry name or HF id)")
     rank: int
     target_modules: list[str] = Field(default_factory=list)
-    state: Literal["creating", "ready", "failed", "closed"] = "creating"
+    state: Literal["queued", "creating", "ready", "failed", "closed"] = "creating"
     error: str | None = None
     max_context: int | None = None
     samplers: dict[str, str] = Field(
@@ -165,3 +166,6 @@ class FutureRecord(BaseModel):
     )
     error: str | None = None
     category: Literal["user", "server"] | None = None
+    waiting: str | None = Field(
+        default=None, description="a create waiting for room on a worker: why (the scheduler's)"
+    )

@@ -1,56 +1,152 @@
 """Where a training model lives, and what happens when that worker is lost.
 
-A model is placed on a live trainer of the cluster's own (``place``) and built there by a
-``create`` call. When that worker is lost (its subscription gone: NATS answers "no responders";
-or the scheduler no longer hears it), the model is built again on another worker (``restore``)
-from its latest ``save_state`` with the optimizer (or from its initial weights when it has none),
-and the calls that were lost fail with a message that says so and names the step training
-resumes from: the SDK's futures are not retried by the server, so the client decides whether
-to redo them (docs/tinker.md, "Worker loss").
+A model's room on a worker is leased by the scheduler like a job's (``lease``:
+swarm_scheduler.session_leases: capacity, the tenant's fair share and limit, renewal by the
+worker's heartbeats, an attempt number that fences the worker's calls and saves). A model that
+finds no room waits for it (``wait_for_room``): its ``create`` future stays pending, read as
+``paused_capacity`` with the scheduler's reason, rather than failing. Once leased, the model is
+built by a ``create`` call. When that worker is lost (its subscription gone: NATS answers "no
+responders"; or the scheduler no longer hears it, or ended its lease), the model is built again
+on another worker (``restore``) from its latest ``save_state`` with the optimizer (or from its
+initial weights when it has none), and the calls that were lost fail with a message that says
+so and names the step training resumes from: the SDK's futures are not retried by the server,
+so the client decides whether to redo them (docs/tinker.md, "Worker loss").
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
+import time
 from datetime import timedelta
 
-from fastapi import HTTPException, status
-
 from swarm_contracts.jobs import ModelRef, utcnow
-from swarm_contracts.sessions import SessionCall
+from swarm_contracts.sessions import (
+    PLACE_SESSION,
+    RELEASE_SESSION,
+    PlaceSession,
+    ReleaseSession,
+    SessionCall,
+    SessionLease,
+)
 from swarm_gateway.state import Gateway
 from swarm_gateway.tinker.calls import Calls, OnSettled
-from swarm_gateway.tinker.records import FutureRecord, ModelRecord
+from swarm_gateway.tinker.records import FutureRecord, ModelRecord, model_token
 from swarm_runtime.records import RecordTable
+from swarm_runtime.rpc import Refused, Unavailable
 
 log = logging.getLogger(__name__)
 
-# A worker whose last heartbeat is older than this holds no new session, and one holding a
-# session is taken for lost (the scheduler's own timeout is shorter: its state says so first).
+# A worker whose last heartbeat is older than this holding a session is taken for lost (the
+# scheduler's own timeout is shorter: its state says so first).
 FRESH_HEARTBEAT_S = 30.0
-# How long a worker may take over one call before its future reads as failed.
+# How long a worker may take over one call before its future reads as failed; a model waiting
+# for room waits as long.
 CALL_TIMEOUT_S = 600.0
+# How often a model waiting for room asks the scheduler again.
+ROOM_RETRY_S = 1.0
+# The background placements of models waiting for room (kept referenced while they run).
+_waiting: set[asyncio.Task[None]] = set()
 
 
-async def place(gw: Gateway, base: ModelRef, avoid: str | None = None) -> str:
-    """A live worker of the cluster's own (sessions need its store keys), one that has the base
-    model cached first, then the one with the most free CPUs; never ``avoid``."""
-    fresh = utcnow() - timedelta(seconds=FRESH_HEARTBEAT_S)
-    workers = [
-        w
-        for w in await gw.workers.all()
-        if w.state == "alive"
-        and w.provider is None
-        and not (w.cordoned or w.draining or w.suspect)
-        and w.last_heartbeat >= fresh
-        and w.worker_id != avoid
-    ]
-    if not workers:
-        raise HTTPException(
-            status.HTTP_503_SERVICE_UNAVAILABLE, detail="no trainer worker can hold a session now"
-        )
-    best = max(workers, key=lambda w: (base.digest in w.cached_models, w.free.cpus, w.worker_id))
-    return best.worker_id
+class NoRoom(Exception):
+    """Nothing fits the model now (or its tenant is at its limit): why, as the scheduler said."""
+
+
+async def lease(
+    gw: Gateway, token: str, tenant: str, base: ModelRef, avoid: str | None = None
+) -> SessionLease:
+    """The scheduler's lease of a worker's room for the model (``NoRoom`` if none now; a
+    scheduler process that is not leading refuses, and the next is asked)."""
+    request = PlaceSession(session=token, tenant=tenant, base_model=base, avoid=avoid)
+    for tries_left in reversed(range(5)):
+        try:
+            found: SessionLease = await gw.scheduler.call(PLACE_SESSION, request)
+            return found
+        except Refused as exc:
+            if exc.code == "conflict":
+                raise NoRoom(exc.message) from exc
+            if exc.code != "internal" or not tries_left:
+                raise
+    raise AssertionError("unreachable")
+
+
+async def release(gw: Gateway, record: ModelRecord, reason: str = "closed") -> None:
+    """End the model's lease (best effort: a lease its worker stops renewing ends anyway)."""
+    if not record.worker_id:
+        return
+    token = model_token(record.model_id)
+    request = ReleaseSession(session=token, attempt=record.attempt, reason=reason)
+    with contextlib.suppress(Refused, Unavailable):
+        await gw.scheduler.call(RELEASE_SESSION, request)
+
+
+def wait_for_room(
+    gw: Gateway,
+    models: RecordTable[ModelRecord],
+    calls: Calls,
+    call: SessionCall,
+    future: FutureRecord,
+    why: str,
+) -> None:
+    """Ask for room again every ``ROOM_RETRY_S`` until the scheduler leases some (then send the
+    ``create`` call) or the future's deadline passes (then it fails, saying why it waited)."""
+
+    async def wait() -> None:
+        waiting = why
+        while time.time() < future.deadline:
+            await asyncio.sleep(ROOM_RETRY_S)
+            found = await models.get(call.session)
+            if found is None or found[0].state != "queued":
+                return  # closed meanwhile
+            record = found[0]
+            try:
+                granted = await lease(gw, call.session, record.tenant, record.base_model)
+            except (NoRoom, Refused, Unavailable) as exc:
+                if str(exc) != waiting:
+                    waiting = str(exc)
+                    await _note_waiting(calls, future, waiting)
+                continue
+            await send_create(models, calls, call, future, granted)
+            return
+        future.state, future.category = "failed", "server"
+        future.error = f"no worker had room for the model in {CALL_TIMEOUT_S:.0f}s: {waiting}"
+        await calls.futures.put(future.request_id, future)
+        calls.settled(future.request_id, future)
+
+    task = asyncio.create_task(wait())
+    _waiting.add(task)
+    task.add_done_callback(_waiting.discard)
+
+
+async def _note_waiting(calls: Calls, future: FutureRecord, why: str) -> None:
+    def note(f: FutureRecord) -> FutureRecord | None:
+        if f.state != "pending":
+            return None
+        f.waiting = why
+        return f
+
+    await calls.futures.modify(future.request_id, note)
+
+
+async def send_create(
+    models: RecordTable[ModelRecord],
+    calls: Calls,
+    call: SessionCall,
+    future: FutureRecord,
+    granted: SessionLease,
+) -> None:
+    """The model has room: record where, and send it its ``create`` call."""
+
+    def placed(r: ModelRecord) -> ModelRecord:
+        r.worker_id, r.attempt, r.state = granted.worker_id, granted.attempt, "creating"
+        return r
+
+    await models.modify(call.session, placed)
+    future = future.model_copy(update={"worker_id": granted.worker_id, "waiting": None})
+    call = call.model_copy(update={"attempt": granted.attempt})
+    await calls.send(granted.worker_id, call, future, built(models, call.session))
 
 
 async def worker_lost(gw: Gateway, worker_id: str) -> bool:
@@ -102,12 +198,15 @@ async def restore(
         await models.update(token, record, revision)
         return record.error
     try:
-        worker = await place(gw, record.create.base_model, avoid=lost)
-    except HTTPException:
+        granted = await lease(gw, token, record.tenant, record.create.base_model, avoid=lost)
+    except (NoRoom, Refused, Unavailable) as exc:
         record.state = "failed"
-        record.error = f"worker {lost} holding this model was lost, and no other can hold it"
+        record.error = (
+            f"worker {lost} holding this model was lost, and no other can hold it now ({exc})"
+        )
         await models.update(token, record, revision)
         return record.error
+    worker = granted.worker_id
     saved = record.last_state
     create = record.create.model_copy(
         update={
@@ -123,9 +222,17 @@ async def restore(
         f"{step}"
     )
     record.worker_id, record.state, record.create = worker, "creating", create
+    record.attempt = granted.attempt
     await models.update(token, record, revision)  # a concurrent restore fails here: one wins
     log.warning("training model %s: %s", record.model_id, record.restored)
-    call = SessionCall(session=token, tenant=record.tenant, seq_id=0, op="create", create=create)
+    call = SessionCall(
+        session=token,
+        tenant=record.tenant,
+        seq_id=0,
+        attempt=granted.attempt,
+        op="create",
+        create=create,
+    )
     future = FutureRecord(
         request_id=calls.new_id(),
         tenant=record.tenant,

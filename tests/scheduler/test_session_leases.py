@@ -1,0 +1,201 @@
+"""Training sessions' leases (swarm_scheduler.session_leases) against a real scheduler, registry
+and nats-server: a session takes room like a job, waits for it like one, counts in its tenant's
+running work, lives as long as its worker lists it, and each placement is a new attempt that
+fences the previous worker."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from pathlib import Path
+
+import pytest
+
+from swarm_contracts.jobs import JobState, ModelRef, job_id_for
+from swarm_contracts.sessions import (
+    PLACE_SESSION,
+    RELEASE_SESSION,
+    HeldSession,
+    PlaceSession,
+    ReleaseSession,
+    SessionLease,
+)
+from swarm_contracts.workers import ATTEMPT, AttemptQuery, Gpu
+from swarm_runtime.records import RecordTable
+from swarm_runtime.rpc import Refused, ServiceClient
+from swarm_runtime.settings import Settings
+from swarm_runtime.topology import kv_bucket
+
+from .conftest import Harness, running_harness
+
+BASE = ModelRef(name="tiny", version=1, store_key="models/tiny/x", digest="d" * 16)
+
+
+def token() -> str:
+    return f"tsess-{uuid.uuid4().hex[:16]}-train-0"
+
+
+def scheduler(h: Harness) -> ServiceClient:
+    return ServiceClient(h.nc, "scheduler", h.subjects.scheduler)
+
+
+async def place(
+    h: Harness, session: str, tenant: str = "a", avoid: str | None = None
+) -> SessionLease:
+    request = PlaceSession(session=session, tenant=tenant, base_model=BASE, avoid=avoid)
+    lease: SessionLease = await scheduler(h).call(PLACE_SESSION, request)
+    return lease
+
+
+async def holds(h: Harness, worker_id: str, session: str, attempt: int) -> bool:
+    """What a worker hears when it asks, before a save, whether the attempt is still its own."""
+    asker = ServiceClient(h.nc, "scheduler", lambda _: h.subjects.worker_attempt(worker_id))
+    return (await asker.call(ATTEMPT, AttemptQuery(job_id=session, attempt=attempt))).holds
+
+
+async def leases(h: Harness) -> RecordTable[SessionLease]:
+    return RecordTable(await kv_bucket(h.js, h.subjects, "session_leases"), SessionLease)
+
+
+async def wait_lease(h: Harness, session: str, pred: object, timeout: float = 10.0) -> SessionLease:
+    table = await leases(h)
+    deadline = asyncio.get_running_loop().time() + timeout
+    last = None
+    while asyncio.get_running_loop().time() < deadline:
+        found = await table.get(session)
+        last = found[0] if found else None
+        if last is not None and pred(last):  # type: ignore[operator]
+            return last
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"the lease of {session} never matched; last: {last}")
+
+
+async def test_a_session_takes_its_worker_s_lane_and_jobs_fit_around_it(harness: Harness) -> None:
+    h = harness
+    first, second = token(), token()
+    listed = [HeldSession(session=first, attempt=1), HeldSession(session=second, attempt=1)]
+    async with h.beating("w1", cpus=2, sessions=listed):
+        await asyncio.sleep(0.3)
+        lease = await place(h, first)
+        assert (lease.worker_id, lease.attempt, lease.cpus, lease.gpus) == ("w1", 1, 1, 0)
+        assert lease.state == "held"
+        # A second session shares the lane: the worker's other CPU is still a job's.
+        assert (await place(h, second)).worker_id == "w1"
+        await h.submit(h.spec(resources={"cpus_per_worker": 2}), msg_id="big")
+        await h.submit(h.spec(), msg_id="small")
+        big, small = job_id_for("default", "big"), job_id_for("default", "small")
+        await h.wait_record(small, lambda r: r.state == JobState.assigned)
+        waiting = await h.wait_record(big, lambda r: r.reason is not None)
+        assert waiting.state == JobState.queued
+        assert waiting.reason == "waiting for 2 CPUs to free up on a worker"
+        # Placing the same session again (a retried request) answers the lease it has.
+        assert (await place(h, first)).attempt == 1
+
+
+async def test_a_released_lane_frees_the_room_for_a_job(harness: Harness) -> None:
+    h = harness
+    session = token()
+    async with h.beating("w1", cpus=2, sessions=[HeldSession(session=session, attempt=1)]):
+        await asyncio.sleep(0.3)
+        await place(h, session)
+        await h.submit(h.spec(resources={"cpus_per_worker": 2}), msg_id="big")
+        big = job_id_for("default", "big")
+        await h.wait_record(big, lambda r: r.reason is not None)
+        ended = await scheduler(h).call(RELEASE_SESSION, ReleaseSession(session=session, attempt=1))
+        assert (ended.state, ended.reason) == ("ended", "closed")
+        record = await h.wait_record(big, lambda r: r.state == JobState.assigned)
+        assert record.worker_id == "w1"
+        assert await (await leases(h)).get(session) is None  # a closed session leaves nothing
+
+
+async def test_a_session_waits_for_room_and_says_why(harness: Harness) -> None:
+    h = harness
+    with pytest.raises(Refused) as none:
+        await place(h, token())
+    assert none.value.code == "conflict"
+    assert none.value.message == (
+        "waiting for a worker of the cluster's own (a session needs its store keys)"
+    )
+    # A provider's worker has no store keys to give a session.
+    async with h.beating("acme", cpus=4, labels={"provider": "acme"}):
+        await asyncio.sleep(0.3)
+        with pytest.raises(Refused, match="cluster's own"):
+            await place(h, token())
+    async with h.beating("w1", cpus=1):
+        await h.submit(h.spec(), msg_id="job")
+        await h.wait_record(job_id_for("default", "job"), lambda r: r.state == JobState.assigned)
+        with pytest.raises(Refused) as full:
+            await place(h, token())
+        assert full.value.message == "waiting for 1 CPU to free up on a worker for the session"
+
+
+async def test_a_gpu_worker_s_lane_takes_a_gpu(harness: Harness) -> None:
+    h = harness
+    gpu = [Gpu(index=0, name="L4", memory_bytes=24 << 30)]
+    async with h.beating("g1", cpus=4, gpus=gpu):
+        await asyncio.sleep(0.3)
+        lease = await place(h, token())
+        assert (lease.worker_id, lease.cpus, lease.gpus) == ("g1", 1, 1)
+        resources = {"gpus_per_worker": 1}
+        await h.submit(h.spec(resources=resources), msg_id="gpu-job")
+        waiting = await h.wait_record(job_id_for("default", "gpu-job"), lambda r: r.reason)
+        assert waiting.reason == "waiting for 1 CPU, 1 GPU to free up on a worker"
+
+
+async def test_sessions_count_against_the_tenant_limit(settings: Settings, tmp_path: Path) -> None:
+    limited = running_harness(settings, tmp_path, tenant_max_running=1)
+    async with limited as h, h.beating("w1", cpus=4):
+        await asyncio.sleep(0.3)
+        await place(h, token(), tenant="a")
+        with pytest.raises(Refused) as limit:
+            await place(h, token(), tenant="a")
+        assert limit.value.message == (
+            "tenant a is at its limit of 1 running job (its training sessions count)"
+        )
+        await place(h, token(), tenant="b")  # another tenant's is not held back
+        await h.submit(h.spec(), msg_id="a-job", tenant="a")
+        waiting = await h.wait_record(job_id_for("a", "a-job"), lambda r: r.reason)
+        assert waiting.reason == "tenant a is at its limit of 1 running job"
+
+
+async def test_a_lease_its_worker_stops_listing_ends_and_the_next_is_a_new_attempt(
+    settings: Settings, tmp_path: Path
+) -> None:
+    async with running_harness(settings, tmp_path, assign_timeout_s=1.0) as h:
+        session = token()
+        async with h.beating("w1", cpus=2, sessions=[HeldSession(session=session, attempt=1)]):
+            await asyncio.sleep(0.3)
+            await place(h, session)
+            await asyncio.sleep(1.5)  # listed: renewed past the timeout
+            assert await holds(h, "w1", session, 1)
+            assert not await holds(h, "w2", session, 1)  # only the holder
+        async with h.beating("w1", cpus=2):  # alive, but no longer listing it
+            ended = await wait_lease(h, session, lambda lease: lease.state == "ended")
+            assert ended.reason == "worker w1 has not listed the session for 1s"
+            assert not await holds(h, "w1", session, 1)
+            again = await place(h, session)
+            assert (again.worker_id, again.attempt) == ("w1", 2)
+
+
+async def test_moving_off_a_lost_worker_fences_it(harness: Harness) -> None:
+    h = harness
+    session = token()
+    held = [HeldSession(session=session, attempt=1)]
+    async with h.beating("w1", cpus=2, sessions=held), h.beating("w2", cpus=2):
+        await asyncio.sleep(0.3)
+        first = await place(h, session)
+        other = "w2" if first.worker_id == "w1" else "w1"
+        moved = await place(h, session, avoid=first.worker_id)
+        assert (moved.worker_id, moved.attempt) == (other, 2)
+        assert not await holds(h, first.worker_id, session, 1)  # its saves are refused
+        assert await holds(h, other, session, 2)
+
+
+async def test_a_lost_worker_s_leases_end(harness: Harness) -> None:
+    h = harness
+    session = token()
+    async with h.beating("w1", cpus=2, sessions=[HeldSession(session=session, attempt=1)]):
+        await asyncio.sleep(0.3)
+        await place(h, session)
+    ended = await wait_lease(h, session, lambda lease: lease.state == "ended")
+    assert ended.reason == "worker w1 was lost"
