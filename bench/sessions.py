@@ -3,11 +3,14 @@
 
 Starts a private local stack (nats-server, gateway, scheduler, registry, trainer), registers the
 tiny model, and with the stock ``tinker`` SDK runs ``--steps`` steps, each ``forward_backward``
-then ``optim_step`` awaited one after the other (the latency a synchronous loop sees), then
+then ``optim_step`` awaited one after the other (the latency a synchronous loop sees), each
+right after the same step of the same ``TrainingSession`` (swarm_trainer.session) on the same
+model in this process (A B A B: the machine's noise hits both alike), then
 ``--steps`` pipelined steps (both calls submitted before either is awaited, the next step
-submitted before the last one is read; the worker's busy share of the wall time). In-process,
-the same ``TrainingSession`` (swarm_trainer.session) runs the same steps on the same model.
-Overhead per call = (remote step - in-process step) / 2, p50 and p90.
+submitted before the last one is read; the worker's busy share of the wall time: the compute
+time the worker reported for the calls, from the gateway's Prometheus metrics, over the wall
+time, and as an estimate, the in-process step's time over the pipelined step's). Overhead per
+call = (remote step - the in-process step just before it) / 2, p50 and p90.
 
     nice .venv/bin/python bench/sessions.py [--steps 30] [--tokens 64] [--datums 1]
 
@@ -22,10 +25,14 @@ import platform
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import numpy as np
 import tinker
+from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 from tinker import types
 
@@ -47,7 +54,11 @@ def datum(tokens: list[int]) -> types.Datum:
     )
 
 
-def in_process(model_dir: Path, tokens: list[int], steps: int, datums: int) -> list[float]:
+Step = Callable[[], None]
+
+
+def in_process(model_dir: Path, tokens: list[int], datums: int) -> Step:
+    """One step of the same ``TrainingSession`` in this process."""
     import torch
 
     # As the stack's trainer runs it (SWARM_TRAINER_CPUS=1): one thread, not every core.
@@ -62,27 +73,52 @@ def in_process(model_dir: Path, tokens: list[int], steps: int, datums: int) -> l
         },
     )
     data = [one] * datums
-    times = []
-    for _ in range(steps + 2):
-        start = time.perf_counter()
+
+    def step() -> None:
         session.forward(data, "cross_entropy", {}, backward=True)
         session.optim_step(AdamStep(learning_rate=1e-3))
-        times.append(time.perf_counter() - start)
-    return times[2:]  # the first steps warm up
+
+    return step
 
 
-def remote(url: str, tokens: list[int], steps: int, datums: int) -> tuple[list[float], float]:
+def worker_compute_s(url: str) -> float:
+    """The compute time the worker reported for every training call so far (the gateway's
+    ``swarm_gateway_tinker_call_seconds{part="compute"}``)."""
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        if family.name == "swarm_gateway_tinker_call_seconds"
+        for sample in family.samples
+        if sample.name.endswith("_sum") and sample.labels.get("part") == "compute"
+    )
+
+
+def timed(step: Step) -> float:
+    start = time.perf_counter()
+    step()
+    return time.perf_counter() - start
+
+
+def measure(url: str, local: Step, tokens: list[int], steps: int, datums: int) -> Result:
     service = tinker.ServiceClient(base_url=url, api_key="tml-bench")
     training = service.create_lora_training_client(base_model="tiny-llama", rank=4, seed=0).result(
         timeout=300
     )
     d, adam = [datum(tokens)] * datums, types.AdamParams(learning_rate=1e-3)
-    times = []
-    for _ in range(steps + 2):
-        start = time.perf_counter()
+
+    def remote() -> None:
         training.forward_backward(d, "cross_entropy").result()
         training.optim_step(adam).result()
-        times.append(time.perf_counter() - start)
+
+    for _ in range(2):  # warm up
+        local(), remote()
+    # In-process and remote steps alternate (A B A B): both see the machine as it is then.
+    computed = worker_compute_s(url)
+    pairs = [(timed(local), timed(remote)) for _ in range(steps)]
+    time.sleep(0.5)
+    synchronous_busy_s = worker_compute_s(url) - computed
+    computed += synchronous_busy_s
     start = time.perf_counter()
     pending = []
     for _ in range(steps):
@@ -90,7 +126,17 @@ def remote(url: str, tokens: list[int], steps: int, datums: int) -> tuple[list[f
         pending.append(training.optim_step(adam))
     for future in pending:
         future.result()
-    return times[2:], time.perf_counter() - start
+    wall = time.perf_counter() - start
+    time.sleep(0.5)  # the last call's metrics are recorded as its future settles
+    return Result(pairs, synchronous_busy_s, wall, worker_compute_s(url) - computed)
+
+
+@dataclass
+class Result:
+    pairs: list[tuple[float, float]]  # (in-process step, remote step), seconds
+    synchronous_busy_s: float  # the worker's compute time during the remote steps
+    pipelined_s: float  # wall time of the pipelined steps
+    busy_s: float  # the worker's compute time during them
 
 
 def main() -> None:
@@ -103,7 +149,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         model_dir = create_tiny_model(root / "tiny-llama")
-        local_times = in_process(model_dir, tokens, args.steps, args.datums)
+        local_step = in_process(model_dir, tokens, args.datums)
         local = LocalStack(
             root / "stack",
             free_ports=True,
@@ -115,21 +161,32 @@ def main() -> None:
             client = Client(base_url=local.gateway_url)
             client.add_model("tiny-llama", model_dir)
             client.close()
-            remote_times, pipelined_s = remote(local.gateway_url, tokens, args.steps, args.datums)
+            result = measure(local.gateway_url, local_step, tokens, args.steps, args.datums)
+    local_times = [a for a, _ in result.pairs]
     local_p50 = statistics.median(local_times)
-    overhead = sorted((r - local_p50) / 2 for r in remote_times)
+    overhead = sorted((b - a) / 2 for a, b in result.pairs)
     print(
         f"machine: {platform.machine()} {platform.system()}, "
         f"tiny-llama rank 4, {args.datums} x {args.tokens} tokens per step"
     )
     print(f"in-process step (fwd_bwd + optim_step): p50 {local_p50 * 1e3:.1f} ms")
-    print(f"through gateway+NATS step: p50 {statistics.median(remote_times) * 1e3:.1f} ms")
+    remote_p50 = statistics.median(b for _, b in result.pairs)
+    worker_step = result.synchronous_busy_s / args.steps
     print(
-        f"overhead per call: p50 {overhead[len(overhead) // 2] * 1e3:.1f} ms, "
+        f"through gateway+NATS step: p50 {remote_p50 * 1e3:.1f} ms, of which the worker "
+        f"computed {worker_step * 1e3:.1f} ms (mean)"
+    )
+    print(
+        f"overhead per call (remote - in-process step, paired, / 2): "
+        f"p50 {overhead[len(overhead) // 2] * 1e3:.1f} ms, "
         f"p90 {overhead[int(len(overhead) * 0.9)] * 1e3:.1f} ms"
     )
-    busy = local_p50 * args.steps / pipelined_s
-    print(f"pipelined: {args.steps} steps in {pipelined_s:.2f} s, worker busy ~{busy:.0%}")
+    estimate = local_p50 * args.steps / result.pipelined_s
+    busy = result.busy_s / result.pipelined_s
+    print(
+        f"pipelined: {args.steps} steps in {result.pipelined_s:.2f} s, worker busy {busy:.0%} "
+        f"(its compute {result.busy_s:.2f} s); in-process step time x steps / wall: {estimate:.0%}"
+    )
 
 
 if __name__ == "__main__":
