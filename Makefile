@@ -8,7 +8,7 @@ PACKAGES := libs/common/contracts libs/common/runtime libs/generation services/s
 PYPROJECTS := $(addsuffix /pyproject.toml,$(PACKAGES)) requirements-dev.txt services/trainer/constraints.txt
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup demo test typecheck clean nats-server asyncapi chromium bench compose-check soak
+.PHONY: setup demo test typecheck clean nats-server asyncapi chromium bench compose-check soak cookbook
 
 # Our own packages are editable installs, compiled by nothing above: where
 # PYTHONDONTWRITEBYTECODE is set (as on this machine) every process that imports them would
@@ -88,6 +88,12 @@ bench: setup
 # docker-compose and mmdebstrap with apt-get when missing. Phases and times: docs/deploy.md.
 compose-check: setup
 	$(PY) tools/compose_check.py
+
+# Not part of `make test` (its first run installs tinker-cookbook, torch included, in a venv of
+# its own, .venv-cookbook): a tinker-cookbook recipe, unchanged, trains against a private stack.
+# See docs/tinker.md.
+cookbook: setup
+	$(PY) tools/tinker_cookbook.py
 
 # Not part of `make test`: the long chaos run (about 20 minutes on 2 cores); its table goes to
 # docs/reliability.md. `make test` runs the short one (tests/soak/test_chaos.py).
