@@ -1,9 +1,13 @@
 """A Tinker training session on this worker: one LoRA model and its AdamW optimizer, driven
 call by call (swarm_contracts.sessions) instead of by a training loop.
 
-The model lives in the agent's process, on its first GPU if it has one; the calls of a session
-run one at a time in a worker thread, so the agent keeps heartbeating while they compute. The
-losses are Tinker's (sums over tokens, not means: the client's weights normalise):
+The model lives in the agent's process, on its first GPU if it has one (its base in bf16 there,
+the LoRA weights fp32 under bf16 autocast, as a job trains; fp32 throughout on a CPU); the
+calls of a session run one at a time in a worker thread, so the agent keeps heartbeating while
+they compute. A call's data go through the model in micro-batches of about
+``TOKENS_PER_FORWARD`` tokens (padded to the longest datum of the micro-batch), one forward and
+one backward each, rather than one datum at a time. The losses are Tinker's (sums over tokens,
+not means: the client's weights normalise):
 
 * ``cross_entropy``: ``-(logprobs * weights)``;
 * ``importance_sampling``: ``-(exp(logprobs - sampling_logprobs) * advantages)``;
@@ -26,6 +30,9 @@ from swarm_contracts.sessions import LOSSES, AdamStep, CreateSession, SessionDat
 from swarm_runtime.rpc import Refused
 from swarm_runtime.store import ObjectStore, sha256_file
 from swarm_trainer.checkpoint import ADAPTER_FILE, load_optimizer, save_adapter, save_optimizer
+from swarm_trainer.compute import use_bf16
+from swarm_trainer.model import compute_lora_in_autocast
+from swarm_trainer.step import autocast
 
 # What each loss needs besides the input tokens (Tinker's names).
 LOSS_INPUTS = {
@@ -34,14 +41,36 @@ LOSS_INPUTS = {
     "ppo": ("target_tokens", "logprobs", "advantages"),
 }
 STATE_FILE = "session.json"
+# Tokens (padding included) per forward pass: a batch of RL samples runs as a few batched
+# passes instead of one per sample, while the logits (tokens x vocabulary) stay bounded.
+TOKENS_PER_FORWARD = 4096
+
+
+def micro_batches(lengths: list[int], budget: int = TOKENS_PER_FORWARD) -> list[list[int]]:
+    """Consecutive datums (their indices) grouped so that each group, padded to its longest,
+    stays within ``budget`` tokens (a datum longer than that is a group of its own)."""
+    groups: list[list[int]] = []
+    longest = 0
+    for i, n in enumerate(lengths):
+        if groups and max(longest, n) * (len(groups[-1]) + 1) <= budget:
+            groups[-1].append(i)
+            longest = max(longest, n)
+        else:
+            groups.append([i])
+            longest = n
+    return groups
 
 
 class TrainingSession:
     def __init__(self, spec: CreateSession, model_dir: Path) -> None:
         self.spec = spec
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.bf16 = use_bf16("auto", self.device)
         base = AutoModelForCausalLM.from_pretrained(
-            model_dir, use_safetensors=True, dtype=torch.float32
+            model_dir,
+            use_safetensors=True,
+            dtype=torch.bfloat16 if self.bf16 else torch.float32,
+            attn_implementation="sdpa",  # takes the padding mask of a micro-batch
         )
         self.vocab_size = int(base.config.vocab_size)
         self.max_context = int(getattr(base.config, "max_position_embeddings", 2048))
@@ -53,7 +82,10 @@ class TrainingSession:
         config = LoraConfig(
             r=spec.rank, lora_alpha=spec.rank, lora_dropout=0.0, target_modules=targets
         )
+        # autocast_adapter_dtype (peft's default): fp32 LoRA weights on a bf16 base.
         self.model: PeftModel = get_peft_model(base, config).to(self.device)
+        if self.bf16:
+            compute_lora_in_autocast(self.model)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=1e-4)
         self.step = 0
@@ -76,27 +108,46 @@ class TrainingSession:
         self._check(data, loss_fn)
         self.model.train(backward)
         outputs: list[dict[str, list[float]]] = []
-        total = torch.zeros((), device=self.device)
-        with torch.set_grad_enabled(backward):
-            for datum in data:
-                tokens = torch.tensor([datum.tokens], device=self.device)
-                logits = self.model(input_ids=tokens).logits[0].float()
-                targets = self._input(datum, "target_tokens").long()
-                logprobs = torch.log_softmax(logits, dim=-1).gather(1, targets[:, None])[:, 0]
-                elementwise = self._loss(loss_fn, datum, logprobs, config)
-                total = total + elementwise.sum()
-                outputs.append(
-                    {
-                        "logprobs": logprobs.detach().cpu().tolist(),
-                        "elementwise_loss": elementwise.detach().cpu().tolist(),
-                    }
-                )
-            if backward:
-                total.backward()
-                self.has_grads = True
-        return SessionResult(
-            outputs=outputs, metrics={"loss:sum": float(total.detach())}, step=self.step
-        )
+        total = 0.0
+        for group in micro_batches([len(d.tokens) for d in data], TOKENS_PER_FORWARD):
+            batch = [data[i] for i in group]
+            with torch.set_grad_enabled(backward):
+                losses = []
+                for datum, logprobs in zip(batch, self._logprobs(batch), strict=True):
+                    elementwise = self._loss(loss_fn, datum, logprobs, config)
+                    losses.append(elementwise.sum())
+                    outputs.append(
+                        {
+                            "logprobs": logprobs.detach().cpu().tolist(),
+                            "elementwise_loss": elementwise.detach().cpu().tolist(),
+                        }
+                    )
+                loss = torch.stack(losses).sum()
+                if backward:  # gradients add up over the micro-batches
+                    loss.backward()
+                    self.has_grads = True
+            total += float(loss.detach())
+        return SessionResult(outputs=outputs, metrics={"loss:sum": total}, step=self.step)
+
+    def _logprobs(self, batch: list[SessionDatum]) -> list[torch.Tensor]:
+        """Each datum's log-probability of its target tokens, from one padded forward pass."""
+        lengths = [len(d.tokens) for d in batch]
+        ids = torch.zeros((len(batch), max(lengths)), dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for row, datum in enumerate(batch):
+            ids[row, : lengths[row]] = torch.tensor(datum.tokens)
+            mask[row, : lengths[row]] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        with autocast(self.bf16):
+            logits = self.model(input_ids=ids, attention_mask=mask).logits
+        out = []
+        for row, datum in enumerate(batch):
+            rows = logits[row, : lengths[row]].float()
+            targets = self._input(datum, "target_tokens").long()
+            # log_softmax's value at the target only: no second tokens x vocabulary tensor.
+            picked = rows.gather(1, targets[:, None])[:, 0]
+            out.append(picked - torch.logsumexp(rows, dim=-1))
+        return out
 
     def optim_step(self, adam: AdamStep) -> SessionResult:
         if not self.has_grads:
