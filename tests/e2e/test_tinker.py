@@ -65,10 +65,32 @@ def test_the_stock_sdk_trains_a_lora_session_and_its_state_round_trips(stack: St
 
     # Bad input is the SDK's error, naming what is wrong; the session goes on.
     with pytest.raises(tinker.BadRequestError, match="loss_fn"):
-        training.forward_backward([datum()], "dro").result(timeout=60)
+        training.forward_backward([datum()], "gspo").result(timeout=60)
     with pytest.raises(tinker.RequestFailedError, match="no forward_backward"):
         training.optim_step(types.AdamParams(learning_rate=1e-3)).result(timeout=60)
     assert logprobs(training) == before
+
+    # CISPO and DRO through the stock SDK: the loss is Tinker's formula over the worker's
+    # log-probabilities (a forward: the weights stay as they are).
+    current = np.array(before, dtype=np.float64)
+    sampled = (current - np.linspace(-1.0, 1.0, len(current))).astype(np.float32)
+    advantages = np.where(np.arange(len(current)) % 2 == 0, 1.0, -0.5).astype(np.float32)
+    rl = types.Datum(
+        model_input=types.ModelInput.from_ints(TOKENS[:-1]),
+        loss_fn_inputs={
+            "target_tokens": np.array(TOKENS[1:], dtype=np.int64),
+            "logprobs": sampled,
+            "advantages": advantages,
+        },
+    )
+    ratio = np.clip(np.exp(current - sampled), 0.0, 4.0)
+    cispo = training.forward([rl], "cispo").result(timeout=60).metrics["loss:sum"]
+    assert cispo == pytest.approx(-(ratio * current * advantages).sum(), rel=1e-4)
+    dro = training.forward([rl], "dro", {"beta": 0.1}).result(timeout=60).metrics["loss:sum"]
+    penalty = 0.05 * (current - sampled) ** 2
+    assert dro == pytest.approx(-(current * advantages - penalty).sum(), rel=1e-4)
+    with pytest.raises(tinker.BadRequestError, match=r"loss_fn_config\.beta"):
+        training.forward([rl], "dro").result(timeout=60)
 
     # Every call's time, and of it the worker's own, in the gateway's metrics.
     scraped = scrape(stack.local.gateway_port)

@@ -11,6 +11,7 @@ import torch
 
 from swarm_contracts.jobs import ModelRef
 from swarm_contracts.sessions import CreateSession, SessionDatum
+from swarm_runtime.rpc import Refused
 from swarm_trainer import session as session_module
 from swarm_trainer.session import TrainingSession, micro_batches
 from swarm_trainer.tiny_model import create_tiny_model
@@ -73,3 +74,44 @@ def test_a_batched_forward_backward_is_one_datum_at_a_time_s(
     assert any(float(g.abs().sum()) > 0 for g, _ in grads)  # type: ignore[union-attr]
     for g, h in grads:
         torch.testing.assert_close(g, h, rtol=1e-4, atol=1e-6)
+
+
+def _rl_datum(sampled: list[float], advantages: list[float]) -> SessionDatum:
+    n = len(sampled)
+    return SessionDatum(
+        tokens=[1] * n,
+        inputs={"target_tokens": [2.0] * n, "logprobs": sampled, "advantages": advantages},
+    )
+
+
+def test_cispo_weights_each_token_by_its_clipped_ratio_with_no_gradient_through_it(
+    model_dir: Path,
+) -> None:
+    session = _session(model_dir)
+    logprobs = torch.tensor([-1.0, -2.0, -0.5], requires_grad=True)
+    # ratios exp(lp - q): e^2 (capped at 4 by default), e^-1, e^0.
+    datum = _rl_datum([-3.0, -1.0, -0.5], [1.0, -2.0, 0.5])
+    loss = session._loss("cispo", datum, logprobs, {})
+    ratios = torch.tensor([4.0, float(torch.exp(torch.tensor(-1.0))), 1.0])
+    advantages = torch.tensor([1.0, -2.0, 0.5])
+    torch.testing.assert_close(loss, -ratios * logprobs.detach() * advantages)
+    loss.sum().backward()
+    torch.testing.assert_close(logprobs.grad, -ratios * advantages)  # the ratio is a constant
+    capped = session._loss("cispo", datum, logprobs, {"clip_high_threshold": 2.0})
+    assert float(capped[0]) == pytest.approx(-2.0 * -1.0 * 1.0)
+
+
+def test_dro_penalises_the_squared_log_ratio_and_needs_its_beta(model_dir: Path) -> None:
+    session = _session(model_dir)
+    logprobs = torch.tensor([-1.0, -2.0], requires_grad=True)
+    datum = _rl_datum([-1.5, -2.0], [2.0, -1.0])
+    loss = session._loss("dro", datum, logprobs, {"beta": 0.1})
+    expected = -(torch.tensor([-2.0, 2.0]) - 0.05 * torch.tensor([0.25, 0.0]))
+    torch.testing.assert_close(loss, expected)
+    loss.sum().backward()
+    # d/dlp of -(lp * A - beta/2 (lp - q)^2) = -(A - beta (lp - q))
+    torch.testing.assert_close(
+        logprobs.grad, -(torch.tensor([2.0, -1.0]) - 0.1 * torch.tensor([0.5, 0.0]))
+    )
+    with pytest.raises(Refused, match=r"loss_fn_config\.beta"):
+        session._loss("dro", datum, logprobs, {})

@@ -12,7 +12,11 @@ not means: the client's weights normalise):
 * ``cross_entropy``: ``-(logprobs * weights)``;
 * ``importance_sampling``: ``-(exp(logprobs - sampling_logprobs) * advantages)``;
 * ``ppo``: the clipped surrogate, the ratio clipped to
-  ``[clip_low_threshold, clip_high_threshold]`` (``loss_fn_config``, default 0.8 and 1.2).
+  ``[clip_low_threshold, clip_high_threshold]`` (``loss_fn_config``, default 0.8 and 1.2);
+* ``cispo``: ``-(sg(clip(ratio)) * logprobs * advantages)``, the ratio clipped to
+  ``[clip_low_threshold, clip_high_threshold]`` (default 0.0 and 4.0: an upper cap only);
+* ``dro``: ``-(logprobs * advantages - beta / 2 * (logprobs - sampling_logprobs) ** 2)``
+  (``beta`` in ``loss_fn_config``, required).
 """
 
 from __future__ import annotations
@@ -39,6 +43,8 @@ LOSS_INPUTS = {
     "cross_entropy": ("target_tokens", "weights"),
     "importance_sampling": ("target_tokens", "logprobs", "advantages"),
     "ppo": ("target_tokens", "logprobs", "advantages"),
+    "cispo": ("target_tokens", "logprobs", "advantages"),
+    "dro": ("target_tokens", "logprobs", "advantages"),
 }
 STATE_FILE = "session.json"
 # Tokens (padding included) per forward pass: a batch of RL samples runs as a few batched
@@ -239,9 +245,19 @@ class TrainingSession:
         if loss_fn == "cross_entropy":
             return -logprobs * self._input(datum, "weights")
         advantages = self._input(datum, "advantages")
-        ratio = torch.exp(logprobs - self._input(datum, "logprobs"))
+        sampled = self._input(datum, "logprobs")
+        if loss_fn == "dro":
+            if "beta" not in config:
+                raise Refused("loss_fn_config.beta: dro needs it")
+            return -(logprobs * advantages - 0.5 * config["beta"] * (logprobs - sampled) ** 2)
+        ratio = torch.exp(logprobs - sampled)
         if loss_fn == "importance_sampling":
             return -ratio * advantages
+        if loss_fn == "cispo":
+            # The clipped ratio is a coefficient: no gradient flows through it.
+            low = config.get("clip_low_threshold", 0.0)
+            high = config.get("clip_high_threshold", 4.0)
+            return -torch.clamp(ratio, low, high).detach() * logprobs * advantages
         low = config.get("clip_low_threshold", 0.8)
         high = config.get("clip_high_threshold", 1.2)
         clipped = torch.clamp(ratio, low, high)

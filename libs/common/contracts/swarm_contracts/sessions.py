@@ -23,8 +23,10 @@ from swarm_contracts.replies import Action
 # (``<session>:train:<n>`` -> ``<session>-train-<n>``).
 SESSION_TOKEN_PATTERN = r"^tsess-[0-9a-f]{16}-train-[0-9]{1,6}$"
 
-# The loss functions a session computes (the SDK names more: they are refused, by name).
-LOSSES = ("cross_entropy", "importance_sampling", "ppo")
+# The loss functions a session computes (the SDK names more: they are refused, by name), and
+# the loss_fn_config keys a loss cannot do without (no default of Tinker's is documented).
+LOSSES = ("cross_entropy", "importance_sampling", "ppo", "cispo", "dro")
+REQUIRED_CONFIG = {"dro": ("beta",)}
 
 Op = Literal[
     "create",

@@ -28,6 +28,7 @@ from swarm_contracts.sessions import (
     ATTENTION_MODULES,
     LOSSES,
     MLP_MODULES,
+    REQUIRED_CONFIG,
     AdamStep,
     CreateSession,
     Op,
@@ -347,6 +348,12 @@ async def forward_backward(request: Request, t: T, tenant: Tenant) -> dict[str, 
             status.HTTP_400_BAD_REQUEST,
             detail=f"loss_fn: {fwd.loss_fn!r} is not served; served: {', '.join(LOSSES)}",
         )
+    for key in REQUIRED_CONFIG.get(fwd.loss_fn, ()):
+        if key not in fwd.config:
+            raise HTTPException(
+                status.HTTP_400_BAD_REQUEST,
+                detail=f"loss_fn_config.{key}: {fwd.loss_fn} needs it (a number)",
+            )
     record = await ready_model(t, tenant, fwd.model_id)
     op: Op = "forward" if fwd.forward_only else "forward_backward"
     call = SessionCall(
