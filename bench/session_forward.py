@@ -1,10 +1,12 @@
 """A training session's ``forward_backward`` (swarm_trainer.session): its data in padded
-micro-batches (``TOKENS_PER_FORWARD`` tokens a pass) against one datum a pass, as sessions ran
-before, on the same session and data, alternating (A B A B), median of ``--repeats``.
+micro-batches (``CPU_TOKENS_PER_FORWARD`` tokens a pass, as a CPU runs them) against one datum a
+pass, as sessions ran before, on the same session and data, alternating (A B A B), median of
+``--repeats``.
 
     .venv/bin/python bench/session_forward.py [--repeats 5] [--threads 1]
 
-Two shapes: an RL batch (32 samples x 64 tokens) and the issue's 100 ms step (8 x 500).
+Three shapes: an RL batch (32 samples x 64 tokens), 16 x 200, and the issue's 100 ms step
+(8 x 500).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from swarm_contracts.sessions import CreateSession, SessionDatum
 from swarm_trainer import session as session_module
 from swarm_trainer.tiny_model import create_tiny_model
 
-SHAPES = ((32, 64), (8, 500))
+SHAPES = ((32, 64), (16, 200), (8, 500))
 
 
 def data(n: int, length: int) -> list[SessionDatum]:
@@ -46,12 +48,13 @@ def main() -> None:
         session = session_module.TrainingSession(
             CreateSession(base_model=ref, rank=4, seed=0), model_dir
         )
+        batched_budget = session_module.CPU_TOKENS_PER_FORWARD
         for n, length in SHAPES:
             batch = data(n, length)
             times: dict[str, list[float]] = {"batched": [], "one datum a pass": []}
             for _ in range(args.repeats + 1):  # the first round warms up
-                for name, budget in (("batched", 4096), ("one datum a pass", 1)):
-                    session_module.TOKENS_PER_FORWARD = budget
+                for name, budget in (("batched", batched_budget), ("one datum a pass", 1)):
+                    session_module.CPU_TOKENS_PER_FORWARD = budget
                     start = time.perf_counter()
                     session.forward(batch, "cross_entropy", {}, backward=True)
                     times[name].append(time.perf_counter() - start)

@@ -34,6 +34,14 @@ def _wait_for_the_trainer(stack: Stack) -> None:
         time.sleep(0.5)
 
 
+def _wait_for_inference(stack: Stack) -> None:
+    # Nor its inference worker (torch, the model): sampling needs one holding tiny-llama.
+    deadline = time.monotonic() + 180
+    while not any(w.base_models for w in stack.client.inference_workers()):
+        assert time.monotonic() < deadline, "the stack's inference worker never came up"
+        time.sleep(0.5)
+
+
 def test_the_stock_sdk_trains_a_lora_session_and_its_state_round_trips(stack: Stack) -> None:
     _wait_for_the_trainer(stack)
     service = tinker.ServiceClient(base_url=stack.local.gateway_url, api_key="tml-local")
@@ -251,6 +259,7 @@ def test_the_stock_sdk_scores_chosen_ids_and_draws_alternatives_at_each_prompt_p
 ) -> None:
     """target_prompt_logprobs, prompt_alt_tokens_k and prompt_logprobs_last_n from the inference
     workers' prefill, checked against the prompt's own log-probabilities (compute_logprobs)."""
+    _wait_for_inference(stack)
     service = tinker.ServiceClient(base_url=stack.local.gateway_url, api_key="tml-local")
     sampler = service.create_sampling_client(base_model="tiny-llama").result(timeout=60)
     prompt = types.ModelInput.from_ints(TOKENS[:6])

@@ -2,7 +2,7 @@
 session its room like a job's (docs/tinker.md, "Placement"). A job waits behind a session's
 lane until the client closes the session; a session created while a job fills the worker waits
 (its create future reads ``paused_capacity``, with the scheduler's reason) and is built once
-the job is gone."""
+the job is gone; one whose client closes its session meanwhile stops waiting, saying so."""
 
 from __future__ import annotations
 
@@ -73,34 +73,53 @@ def test_a_session_and_jobs_take_turns_on_a_one_cpu_worker(procs: Procs) -> None
     # A job fills the worker: a new session waits for room, then is built once the job is gone.
     long_job = procs.submit(dataset, "long", steps=100_000)
     procs.wait(long_job, lambda r: r.state == JobState.running)
-    later = _service(procs)
+    later, doomed = _service(procs), _service(procs)
     made: dict[str, object] = {}
 
-    def create() -> None:
-        client = later.create_lora_training_client(base_model="tiny", rank=4, seed=0)
-        made["client"] = client.result(timeout=300)
+    def create(name: str, service: tinker.ServiceClient) -> None:
+        client = service.create_lora_training_client(base_model="tiny", rank=4, seed=0)
+        try:
+            made[name] = client.result(timeout=300)
+        except tinker.RequestFailedError as exc:
+            made[name] = exc
 
-    creating = threading.Thread(target=create)
-    creating.start()
+    creating = [
+        threading.Thread(target=create, args=(name, service), daemon=True)
+        for name, service in (("later", later), ("doomed", doomed))
+    ]
+    for thread in creating:
+        thread.start()
     deadline = time.monotonic() + 60
-    while not (records := _model_records(procs)) or len(records) < 2:
-        assert time.monotonic() < deadline, "the second model was never recorded"
+    while len(queued := [r for r in _model_records(procs) if r["state"] == "queued"]) < 2:
+        assert time.monotonic() < deadline, "the waiting models were never recorded"
         time.sleep(0.2)
-    queued = next(r for r in records if r["state"] not in ("closed",))
-    assert queued["state"] == "queued"
-    assert queued["worker_id"] == ""
+    assert all(r["worker_id"] == "" for r in queued)
     time.sleep(2)
-    assert "client" not in made  # still waiting: the job holds the worker
+    assert not made  # still waiting: the job holds the worker
     # retrieve_future answers the SDK "paused_capacity", with the scheduler's reason.
     pending = [f for f in _model_records(procs, "tinker_futures") if f["state"] == "pending"]
-    assert [(f["op"], f["waiting"]) for f in pending] == [
-        ("create", "waiting for 1 CPU to free up on a worker for the session")
+    reason = "waiting for 1 CPU to free up on a worker for the session"
+    assert [(f["op"], f["waiting"]) for f in pending] == [("create", reason)] * 2
+    # A client that gives up while its model waits (its SDK stops polling): the wait ends, and
+    # the future says why.
+    doomed.close("interrupted").result(timeout=60)
+    deadline = time.monotonic() + 30
+    while not (
+        failed := [f for f in _model_records(procs, "tinker_futures") if f["state"] == "failed"]
+    ):
+        assert time.monotonic() < deadline, "the closed model's wait never ended"
+        time.sleep(0.2)
+    assert [(f["op"], f["category"], f["error"]) for f in failed] == [
+        ("create", "user", "the model was closed before it had room")
     ]
     r = procs.http.post(f"/v1/jobs/{long_job}/cancel")
     assert r.status_code == 202, r.text
-    creating.join(timeout=240)
-    assert isinstance(made.get("client"), tinker.TrainingClient), made
-    assert logprobs(made["client"])  # type: ignore[arg-type]
-    built = next(r for r in _model_records(procs) if r["model_id"] == queued["model_id"])
-    assert (built["worker_id"], built["state"], built["attempt"]) == ("t1", "ready", 1)
+    creating[0].join(timeout=240)
+    assert isinstance(made.get("later"), tinker.TrainingClient), made
+    assert logprobs(made["later"])  # type: ignore[arg-type]
+    built = [r for r in _model_records(procs) if r["model_id"] in {q["model_id"] for q in queued}]
+    assert sorted((r["worker_id"], r["state"], r["attempt"]) for r in built) == [
+        ("", "closed", 1),
+        ("t1", "ready", 1),
+    ]
     later.close("success").result(timeout=60)

@@ -60,8 +60,9 @@ def test_a_batched_forward_backward_is_one_datum_at_a_time_s(
     batched, single = _session(model_dir), _session(model_dir)
     data = _data()
     together = batched.forward(data, "ppo", {}, backward=True)
-    assert len(micro_batches([len(d.tokens) for d in data])) == 1  # all in one pass
-    monkeypatch.setattr(session_module, "TOKENS_PER_FORWARD", 1)  # one datum per pass
+    lengths = [len(d.tokens) for d in data]
+    assert len(micro_batches(lengths, session_module.CPU_TOKENS_PER_FORWARD)) == 1  # one pass
+    monkeypatch.setattr(session_module, "CPU_TOKENS_PER_FORWARD", 1)  # one datum per pass
     apart = single.forward(data, "ppo", {}, backward=True)
 
     assert together.metrics["loss:sum"] == pytest.approx(apart.metrics["loss:sum"], rel=1e-5)

@@ -4,10 +4,11 @@ call by call (swarm_contracts.sessions) instead of by a training loop.
 The model lives in the agent's process, on its first GPU if it has one (its base in bf16 there,
 the LoRA weights fp32 under bf16 autocast, as a job trains; fp32 throughout on a CPU); the
 calls of a session run one at a time in a worker thread, so the agent keeps heartbeating while
-they compute. A call's data go through the model in micro-batches of about
-``TOKENS_PER_FORWARD`` tokens (padded to the longest datum of the micro-batch), one forward and
-one backward each, rather than one datum at a time. The losses are Tinker's (sums over tokens,
-not means: the client's weights normalise):
+they compute. A call's data go through the model in micro-batches (``micro_batches``: rows
+padded at their end to the micro-batch's longest datum, ``CPU_TOKENS_PER_FORWARD`` or
+``GPU_TOKENS_PER_FORWARD`` tokens a pass), one forward and one backward each, rather than one
+datum at a time. The losses are Tinker's (sums over tokens, not means: the client's weights
+normalise):
 
 * ``cross_entropy``: ``-(logprobs * weights)``;
 * ``importance_sampling``: ``-(exp(logprobs - sampling_logprobs) * advantages)``;
@@ -48,11 +49,14 @@ LOSS_INPUTS = {
 }
 STATE_FILE = "session.json"
 # Tokens (padding included) per forward pass: a batch of RL samples runs as a few batched
-# passes instead of one per sample, while the logits (tokens x vocabulary) stay bounded.
-TOKENS_PER_FORWARD = 4096
+# passes instead of one per sample, while the logits (tokens x vocabulary) stay bounded. On a
+# CPU, passes past about a thousand tokens gain nothing and lose cache (bench/session_forward.py,
+# docs/performance.md); a GPU wants them as large as memory allows (not measured).
+CPU_TOKENS_PER_FORWARD = 1024
+GPU_TOKENS_PER_FORWARD = 8192
 
 
-def micro_batches(lengths: list[int], budget: int = TOKENS_PER_FORWARD) -> list[list[int]]:
+def micro_batches(lengths: list[int], budget: int) -> list[list[int]]:
     """Consecutive datums (their indices) grouped so that each group, padded to its longest,
     stays within ``budget`` tokens (a datum longer than that is a group of its own)."""
     groups: list[list[int]] = []
@@ -76,7 +80,7 @@ class TrainingSession:
             model_dir,
             use_safetensors=True,
             dtype=torch.bfloat16 if self.bf16 else torch.float32,
-            attn_implementation="sdpa",  # takes the padding mask of a micro-batch
+            attn_implementation="sdpa",
         )
         self.vocab_size = int(base.config.vocab_size)
         self.max_context = int(getattr(base.config, "max_position_embeddings", 2048))
@@ -115,7 +119,9 @@ class TrainingSession:
         self.model.train(backward)
         outputs: list[dict[str, list[float]]] = []
         total = 0.0
-        for group in micro_batches([len(d.tokens) for d in data], TOKENS_PER_FORWARD):
+        cuda = self.device.type == "cuda"
+        budget = GPU_TOKENS_PER_FORWARD if cuda else CPU_TOKENS_PER_FORWARD
+        for group in micro_batches([len(d.tokens) for d in data], budget):
             batch = [data[i] for i in group]
             with torch.set_grad_enabled(backward):
                 losses = []
@@ -139,13 +145,13 @@ class TrainingSession:
         """Each datum's log-probability of its target tokens, from one padded forward pass."""
         lengths = [len(d.tokens) for d in batch]
         ids = torch.zeros((len(batch), max(lengths)), dtype=torch.long)
-        mask = torch.zeros_like(ids)
         for row, datum in enumerate(batch):
             ids[row, : lengths[row]] = torch.tensor(datum.tokens)
-            mask[row, : lengths[row]] = 1
-        ids, mask = ids.to(self.device), mask.to(self.device)
+        # No attention mask: the padding is at the end of each row, and causal attention never
+        # looks ahead, so a datum's positions see only its own tokens (and sdpa keeps its
+        # causal fast path, which an explicit mask would cost).
         with autocast(self.bf16):
-            logits = self.model(input_ids=ids, attention_mask=mask).logits
+            logits = self.model(input_ids=ids.to(self.device)).logits
         out = []
         for row, datum in enumerate(batch):
             rows = logits[row, : lengths[row]].float()

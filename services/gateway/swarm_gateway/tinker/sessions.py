@@ -20,6 +20,7 @@ import contextlib
 import logging
 import time
 from datetime import timedelta
+from typing import Literal
 
 from swarm_contracts.jobs import ModelRef, utcnow
 from swarm_contracts.sessions import (
@@ -97,27 +98,37 @@ def wait_for_room(
         waiting = why
         while time.time() < future.deadline:
             await asyncio.sleep(ROOM_RETRY_S)
-            found = await models.get(call.session)
-            if found is None or found[0].state != "queued":
-                return  # closed meanwhile
-            record = found[0]
             try:
-                granted = await lease(gw, call.session, record.tenant, record.base_model)
-            except (NoRoom, Refused, Unavailable) as exc:
-                if str(exc) != waiting:
-                    waiting = str(exc)
-                    await _note_waiting(calls, future, waiting)
-                continue
-            await send_create(models, calls, call, future, granted)
-            return
-        future.state, future.category = "failed", "server"
-        future.error = f"no worker had room for the model in {CALL_TIMEOUT_S:.0f}s: {waiting}"
-        await calls.futures.put(future.request_id, future)
-        calls.settled(future.request_id, future)
+                found = await models.get(call.session)
+                if found is None or found[0].state != "queued":  # closed while it waited
+                    await _fail(calls, future, "the model was closed before it had room", "user")
+                    return
+                record = found[0]
+                try:
+                    granted = await lease(gw, call.session, record.tenant, record.base_model)
+                except (NoRoom, Refused, Unavailable) as exc:
+                    if str(exc) != waiting:
+                        waiting = str(exc)
+                        await _note_waiting(calls, future, waiting)
+                    continue
+                await send_create(models, calls, call, future, granted)
+                return
+            except Exception:  # NATS away a moment: ask again at the next tick
+                log.exception("training model %s: waiting for room", call.session)
+        why_failed = f"no worker had room for the model in {CALL_TIMEOUT_S:.0f}s: {waiting}"
+        await _fail(calls, future, why_failed, "server")
 
     task = asyncio.create_task(wait())
     _waiting.add(task)
     task.add_done_callback(_waiting.discard)
+
+
+async def _fail(
+    calls: Calls, future: FutureRecord, error: str, category: Literal["user", "server"]
+) -> None:
+    future.state, future.category, future.error, future.waiting = "failed", category, error, None
+    await calls.futures.put(future.request_id, future)
+    calls.settled(future.request_id, future)
 
 
 async def _note_waiting(calls: Calls, future: FutureRecord, why: str) -> None:
