@@ -48,6 +48,9 @@ class RunningJob(BaseModel):
 HeartbeatState = Literal["starting", "alive", "leaving", "gone"]
 # A heartbeat names at most this many cached base models (the most recently used), to stay small.
 CACHED_MODELS_MAX = 32
+# Sessions one heartbeat may list: a worker's session lane holds far fewer; a heartbeat listing
+# more is refused whole, so no sender makes the scheduler walk an unbounded list.
+SESSIONS_LISTED_MAX = 1024
 
 
 class WorkerBenchmark(BaseModel):
@@ -92,7 +95,9 @@ class Heartbeat(BaseModel):
     free: Resources
     running: list[RunningJob] = Field(default_factory=list)
     sessions: list[HeldSession] = Field(
-        default_factory=list, description="the training sessions it holds: renews their leases"
+        default_factory=list,
+        max_length=SESSIONS_LISTED_MAX,
+        description="the training sessions it holds: renews their leases",
     )
     labels: dict[str, str] = Field(default_factory=dict)
     time: datetime = Field(default_factory=utcnow)
