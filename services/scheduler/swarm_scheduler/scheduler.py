@@ -636,10 +636,6 @@ class Scheduler:
         self._leader_only()
         jobs = self.view.open.values()
         tenant_jobs = Counter(j.tenant for j in jobs if j.worker_id and j.state in HOLDING)
-        if request.avoid is not None:
-            held = self.sessions.held.get(request.session)
-            if held is not None and held[0].worker_id == request.avoid:
-                await self.sessions.end(request.session, f"worker {request.avoid} was lost")
         lease = await self.sessions.place(
             request,
             self.workers.pool(),

@@ -18,12 +18,14 @@ Only the leading scheduler places and releases; it reads the bucket when it take
 
 from __future__ import annotations
 
+import re
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 
 from swarm_contracts.jobs import utcnow
 from swarm_contracts.sessions import (
+    SESSION_TOKEN_PATTERN,
     HeldSession,
     PlaceSession,
     ReleaseSession,
@@ -41,7 +43,7 @@ SESSION_CPUS = 1
 
 def is_session(name: str) -> bool:
     """Whether an attempt query's ``job_id`` names a session (``tsess-…-train-<n>``)."""
-    return name.startswith("tsess-") and "-train-" in name
+    return re.fullmatch(SESSION_TOKEN_PATTERN, name) is not None
 
 
 def demand(worker: WorkerInfo) -> Capacity:
@@ -107,14 +109,14 @@ class SessionLeases:
         held_back: Iterable[WorkerInfo] = (),
     ) -> SessionLease:
         """Lease room for the session on a fitting worker of the cluster's own (sessions need
-        its store keys), ending its current lease if it has one. Refused (``conflict``, with
+        its store keys), ending its lease on ``avoid`` (moving it). Refused (``conflict``, with
         why) while nothing fits or its tenant is at its limit: the caller asks again later."""
         current = self.held.get(request.session)
-        if current is not None and current[0].worker_id != request.avoid:
-            return current[0]  # asked twice (a retried request): the lease it made
-        running = tenant_running[request.tenant] + self.running()[request.tenant]
         if current is not None:
-            running -= 1  # moving: its own lease is about to end
+            if current[0].worker_id != request.avoid:
+                return current[0]  # asked twice (a retried request): the lease it made
+            await self.end(request.session, f"worker {request.avoid} was lost")  # moving
+        running = tenant_running[request.tenant] + self.running()[request.tenant]
         if max_running and running >= max_running:
             raise Refused(
                 f"tenant {request.tenant} is at its limit of {max_running} running "
@@ -203,24 +205,12 @@ class SessionLeases:
 
     # --- renewal, and leases that lapse ------------------------------------------------------
 
-    def listed(self, sessions: Iterable[HeldSession], now: float) -> None:
-        """A heartbeat listed these (the worker's own word: checked against the lease's
-        worker in ``lapsed``)."""
-        for s in sessions:
-            previous = self._listed.get(s.session)
-            if previous is None or s.attempt >= previous[0]:
-                self._listed[s.session] = (s.attempt, now)
-
     def listed_by(self, worker_id: str, sessions: Iterable[HeldSession], now: float) -> None:
-        """Renew the leases ``worker_id`` holds and lists."""
-        mine = [
-            s
-            for s in sessions
-            if (held := self.held.get(s.session)) is not None
-            and held[0].worker_id == worker_id
-            and held[0].attempt == s.attempt
-        ]
-        self.listed(mine, now)
+        """Renew the leases ``worker_id`` holds and lists, at the attempt the lease has."""
+        for s in sessions:
+            held = self.held.get(s.session)
+            if held is not None and held[0].worker_id == worker_id and held[0].attempt == s.attempt:
+                self._listed[s.session] = (s.attempt, now)
 
     def lapsed(self, now: float, alive: Callable[[str], bool]) -> list[tuple[str, str]]:
         """The held leases to end, with why: their worker is gone, or stopped listing them."""
