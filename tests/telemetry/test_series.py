@@ -55,8 +55,11 @@ async def query(nc: Client, settings: Settings, body: dict[str, Any]) -> dict[st
     return json.loads(msg.data)
 
 
-async def wait_for_points(nc: Client, settings: Settings, job_id: str, n: int) -> dict[str, Any]:
-    """Events arrive asynchronously: poll until the series has ``n`` training points."""
+async def wait_for_points(
+    nc: Client, settings: Settings, job_id: str, n: int, evals: int = 0
+) -> dict[str, Any]:
+    """Events arrive asynchronously: poll until the series has ``n`` training points and
+    ``evals`` evaluation points."""
     reply: dict[str, Any] = {}
     for _ in range(100):
         try:
@@ -65,7 +68,11 @@ async def wait_for_points(nc: Client, settings: Settings, job_id: str, n: int) -
             # Under load the service's request subscription can lag its start by a moment.
             await asyncio.sleep(0.05)
             continue
-        if reply["ok"] and len(reply["result"]["train"]) >= n:
+        if (
+            reply["ok"]
+            and len(reply["result"]["train"]) >= n
+            and len(reply["result"]["eval"]) >= evals
+        ):
             return reply
         await asyncio.sleep(0.05)
     raise AssertionError(f"series for {job_id} never reached {n} points: {reply}")
@@ -149,14 +156,16 @@ async def test_restart_rebuilds_series_from_the_stream(
     nc = await nats.connect(settings.nats_url)
     try:
         first = await start(settings)
-        before = await wait_for_points(nc, settings, "job-r", 7)
+        # The validation follows the progress events: wait for it too, or a loaded
+        # machine stops the first service before it has read it.
+        before = await wait_for_points(nc, settings, "job-r", 7, evals=1)
         await first.app.stop()
 
         # A requeued job's second attempt, published while telemetry is down.
         await publish(progress("job-r", 5, attempt=2))
         second = await start(settings)
         try:
-            after = await wait_for_points(nc, settings, "job-r", 8)
+            after = await wait_for_points(nc, settings, "job-r", 8, evals=1)
         finally:
             await second.app.stop()
     finally:

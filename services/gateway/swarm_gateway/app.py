@@ -189,10 +189,12 @@ def create_app(
             model_list=model_list,
         )
 
-        async def restore(future: FutureRecord) -> str:
-            # A call no worker heard: its model is built again on another worker.
+        async def restore(future: FutureRecord) -> str | None:
+            # A call no worker heard: its model is built again on another worker (a create
+            # call moves there itself).
             token, lost = model_token(future.model_id), future.worker_id or ""
-            return await sessions.restore(app.state.gateway, models, calls, token, lost)
+            moving = future if future.op == "create" else None
+            return await sessions.restore(app.state.gateway, models, calls, token, lost, moving)
 
         calls.on_lost = restore
 

@@ -513,10 +513,14 @@ async def _lost_with_its_worker(gw: Gateway, t: Tables, future: FutureRecord) ->
     assert future.worker_id is not None
     found = await t.models.get(model_token(future.model_id))
     moved = found is not None and found[0].worker_id != future.worker_id
+    if future.op == "create" and moved:
+        return None  # another read is moving this create: its future follows
     if not moved and not await sessions.worker_lost(gw, future.worker_id):
         return None
+    # A lost create moves itself (None: still pending, read again); a lost call fails.
+    moving = future if future.op == "create" else None
     return await sessions.restore(
-        gw, t.models, t.calls, model_token(future.model_id), future.worker_id
+        gw, t.models, t.calls, model_token(future.model_id), future.worker_id, moving
     )
 
 

@@ -38,8 +38,9 @@ SETTLED_KEPT_S = 30.0
 # the weights saved for sampling): given the record as the worker settled it, the record to
 # keep (the same, or one it changed: a registration that failed fails the future).
 OnSettled = Callable[[FutureRecord], Awaitable[FutureRecord]]
-# What a call that found no worker listening tells its caller (``tinker.sessions.restore``).
-OnLost = Callable[[FutureRecord], Awaitable[str]]
+# What a call that found no worker listening tells its caller (``tinker.sessions.restore``), or
+# None where the call itself moved to another worker (a ``create``): still pending there.
+OnLost = Callable[[FutureRecord], Awaitable[str | None]]
 
 
 class Calls:
@@ -63,7 +64,7 @@ class Calls:
         return uuid.uuid4().hex
 
     async def start(self) -> None:
-        self._sub = await self.nc.subscribe(f"{self.inbox}.*", cb=self._on_reply)
+        self._sub = await self.nc.subscribe(f"{self.inbox}.*.*", cb=self._on_reply)
 
     async def stop(self) -> None:
         if self._sub is not None:
@@ -76,6 +77,7 @@ class Calls:
         future: FutureRecord,
         then: OnSettled | None = None,
     ) -> None:
+        future = future.model_copy(update={"attempt": call.attempt})
         await self.futures.put(future.request_id, future)
         self._settled[future.request_id] = asyncio.Event()
         if then is not None:
@@ -83,7 +85,9 @@ class Calls:
         await self.nc.publish(
             self.subjects.worker_session(worker_id, call.session),
             call.model_dump_json().encode(),
-            reply=f"{self.inbox}.{future.request_id}",
+            # The attempt in the reply subject fences a reply from a worker the call has
+            # since moved off (a frozen one that wakes): only the current attempt settles it.
+            reply=f"{self.inbox}.{future.request_id}.{call.attempt}",
             headers=trace_headers(),
         )
 
@@ -114,23 +118,31 @@ class Calls:
             await asyncio.wait_for(event.wait(), timeout)
 
     async def _on_reply(self, msg: Msg) -> None:
-        request_id = msg.subject.rsplit(".", 1)[-1]
+        request_id, attempt = msg.subject.rsplit(".", 2)[-2:]
         try:
-            await self._settle(request_id, msg)
+            await self._settle(request_id, int(attempt), msg)
         except Exception:  # a reply must never take the subscription down
             log.exception("could not settle the future %s", request_id)
 
-    async def _settle(self, request_id: str, msg: Msg) -> None:
+    async def _settle(self, request_id: str, attempt: int, msg: Msg) -> None:
         found = await self.futures.get(request_id)
         if found is None:
             log.warning("a reply for the unknown future %s: dropped", request_id)
             return
         future, revision = found
+        if attempt != future.attempt or future.state != "pending":
+            log.warning(
+                "a stale reply (attempt %d) for the future %s: dropped", attempt, request_id
+            )
+            return
         if msg.headers and msg.headers.get("Status") == "503":
             future.state, future.category = "failed", "server"
             future.error = "the worker holding this session is not listening (gone?)"
-            if self.on_lost is not None and future.op != "create":
-                future.error = await self.on_lost(future)
+            if self.on_lost is not None:
+                error = await self.on_lost(future)
+                if error is None:  # moved: its send to the other worker owns the future now
+                    return
+                future.error = error
         else:
             try:
                 reply = Reply[SessionResult].model_validate_json(msg.data)

@@ -150,6 +150,9 @@ class FutureRecord(BaseModel):
     tenant: str
     model_id: str
     worker_id: str | None = Field(default=None, description="where the call was sent")
+    attempt: int = Field(
+        default=0, description="the lease attempt it was sent under: a reply from another is stale"
+    )
     op: Op | Literal["sample"]
     state: Literal["pending", "done", "failed"] = "pending"
     deadline: float

@@ -195,9 +195,14 @@ async def restore(
     calls: Calls,
     token: str,
     lost: str,
-) -> str:
+    moving: FutureRecord | None = None,
+) -> str | None:
     """Build the model again on another worker than ``lost``, once (a model already moved off
-    ``lost`` is left as it is); what the calls lost with ``lost`` should tell their caller."""
+    ``lost`` is left as it is); what the calls lost with ``lost`` should tell their caller.
+
+    ``moving`` is the model's own ``create`` call, lost before it built anything: nothing is
+    lost but time, so that call itself moves (its future stays pending, answered by the other
+    worker; None is returned), or fails with why it cannot."""
     found = await models.get(token)
     if found is None:
         return f"worker {lost} holding this session was lost"
@@ -227,15 +232,20 @@ async def restore(
     )
     since = f"save_state {saved.path} (step {saved.step})" if saved else "its initial weights"
     step = saved.step if saved else 0
-    record.restored = (
-        f"worker {lost} holding this session was lost; the session is restored on worker "
-        f"{worker} from {since}: calls made after that are lost, training resumes from step "
-        f"{step}"
-    )
+    if moving is None:
+        record.restored = (
+            f"worker {lost} holding this session was lost; the session is restored on worker "
+            f"{worker} from {since}: calls made after that are lost, training resumes from step "
+            f"{step}"
+        )
     record.worker_id, record.state, record.create = worker, "creating", create
     record.attempt = granted.attempt
     await models.update(token, record, revision)  # a concurrent restore fails here: one wins
-    log.warning("training model %s: %s", record.model_id, record.restored)
+    log.warning(
+        "training model %s: %s",
+        record.model_id,
+        record.restored if moving is None else f"worker {lost} was lost building it: on {worker}",
+    )
     call = SessionCall(
         session=token,
         tenant=record.tenant,
@@ -244,13 +254,18 @@ async def restore(
         op="create",
         create=create,
     )
-    future = FutureRecord(
-        request_id=calls.new_id(),
-        tenant=record.tenant,
-        model_id=record.model_id,
-        worker_id=worker,
-        op="create",
-        deadline=utcnow().timestamp() + CALL_TIMEOUT_S,
-    )
+    deadline = utcnow().timestamp() + CALL_TIMEOUT_S
+    if moving is not None:
+        update = {"worker_id": worker, "deadline": deadline, "sent_at": time.time()}
+        future = moving.model_copy(update=update)
+    else:
+        future = FutureRecord(
+            request_id=calls.new_id(),
+            tenant=record.tenant,
+            model_id=record.model_id,
+            worker_id=worker,
+            op="create",
+            deadline=deadline,
+        )
     await calls.send(worker, call, future, built(models, token))
-    return record.restored
+    return record.restored if moving is None else None
