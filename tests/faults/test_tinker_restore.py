@@ -5,6 +5,7 @@ says so (and from which step training resumes), and the loop goes on (docs/tinke
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import signal
 import time
@@ -44,16 +45,43 @@ def _holder(procs: Procs, model_id: str) -> str:
     return asyncio.run(read())
 
 
-def _session(procs: Procs) -> tuple[tinker.ServiceClient, tinker.TrainingClient]:
-    """Two trainers, and a training client on one of them."""
+def _placed(procs: Procs) -> str:
+    """The worker the (only) model was placed on, once it is placed."""
+
+    async def read() -> str:
+        nc = await nats.connect(procs.nats.url)
+        try:
+            kv = await nc.jetstream().key_value(Subjects(procs.namespace).bucket("tinker_models"))
+            for _ in range(200):
+                with contextlib.suppress(nats.js.errors.NoKeysError):
+                    for key in await kv.keys():
+                        entry = await kv.get(key)
+                        worker = json.loads(entry.value or b"{}").get("worker_id")
+                        if worker:
+                            return str(worker)
+                await asyncio.sleep(0.02)
+            raise AssertionError("the model was never placed")
+        finally:
+            await nc.close()
+
+    return asyncio.run(read())
+
+
+def _workers(procs: Procs) -> tinker.ServiceClient:
+    """Two trainers, and a client of the stack."""
     start_base(procs)
     for name in ("t1", "t2"):
         procs.start(name, "trainer", SWARM_WORKER_ID=name)
     for name in ("t1", "t2"):
         procs.wait_worker(name, lambda w: w["state"] == "alive", timeout=180)
-    service = tinker.ServiceClient(
+    return tinker.ServiceClient(
         base_url=f"http://127.0.0.1:{procs.gateway_port}", api_key="tml-local"
     )
+
+
+def _session(procs: Procs) -> tuple[tinker.ServiceClient, tinker.TrainingClient]:
+    """Two trainers, and a training client on one of them."""
+    service = _workers(procs)
     training = service.create_lora_training_client(base_model="tiny", rank=4, seed=0).result(
         timeout=180
     )
@@ -92,15 +120,47 @@ def test_a_killed_workers_session_is_restored_on_another_from_its_saved_state(
     service.close("success").result(timeout=60)  # no heartbeats left behind
 
 
-def test_a_call_in_flight_on_a_frozen_worker_fails_once_it_is_lost_and_the_session_moves(
+def test_a_frozen_workers_create_moves_and_a_call_in_flight_fails_once_it_is_lost(
     procs: Procs,
 ) -> None:
-    """The worker still holds its subscription (no "no responders"): the call is pending until
-    the scheduler gives the worker up, then fails the same way, and the model is restored."""
-    service, training = _session(procs)
+    """A frozen worker still holds its subscription (no "no responders"): its calls are
+    pending until the scheduler gives it up. A ``create`` then moves to another worker (nothing
+    was built: the client is not told); a later call fails, and the model is restored."""
+    service = _workers(procs)
+    # Both frozen, so that the create lands on a frozen one (either is alive for the
+    # scheduler a few seconds more); the other wakes as soon as the model is placed.
+    for name in ("t1", "t2"):
+        procs.kill(name, signal.SIGSTOP)
+    frozen = None
+    try:
+        creating = service.create_lora_training_client(base_model="tiny", rank=4, seed=0)
+        frozen = _placed(procs)
+    finally:
+        for name in ("t1", "t2"):
+            if name != frozen:
+                procs.kill(name, signal.SIGCONT)
+    woke = "t2" if frozen == "t1" else "t1"
+    started = time.monotonic()
+    training = creating.result(timeout=180)
+    assert time.monotonic() - started < 60, "the loss was noticed late"
+    assert _holder(procs, training.model_id) == woke
+    _step(training)  # no call lost: the first one after the create works
+
+    # The frozen worker wakes, finishes building the model for its lease that ended and
+    # answers: a stale reply, dropped (the model stays where it moved), and it is alive again.
+    procs.kill(frozen, signal.SIGCONT)
+    procs.wait_worker(frozen, lambda w: w["state"] == "alive", timeout=60)
+    gateway_log = procs.root / "logs" / "gateway.log"
+    for _ in range(120):
+        if "a stale reply (attempt 1)" in gateway_log.read_text():
+            break
+        time.sleep(0.5)
+    else:
+        raise AssertionError(f"the woken worker's reply was not seen\n{procs.logs()}")
+    assert _holder(procs, training.model_id) == woke
+    holder, other = woke, frozen
+
     _step(training)  # never saved: the restore starts from the initial weights
-    holder = _holder(procs, training.model_id)
-    other = "t2" if holder == "t1" else "t1"
     procs.kill(holder, signal.SIGSTOP)
     try:
         started = time.monotonic()

@@ -19,6 +19,7 @@ from swarm_contracts.datasets import DatasetInfo, dataset_id_for
 from swarm_contracts.jobs import JobRecord, JobSpec, JobState, ModelRef, ParentAdapter
 from swarm_contracts.layout import dataset_key, token_cache_prefix, token_frame_key
 from swarm_contracts.providers import token_digest
+from swarm_contracts.sessions import SessionLease
 from swarm_contracts.subjects import Subjects
 from swarm_registry import build_app
 from swarm_runtime.records import RecordTable
@@ -299,3 +300,81 @@ async def test_a_local_store_grants_nothing(client: Any) -> None:
     reply = json.loads(msg.data)
     assert reply["code"] == "invalid"
     assert "needs an S3 store" in reply["error"]
+
+
+SESSION = "tsess-0123456789abcdef-train-0"
+OTHER_SESSION = "tsess-fedcba9876543210-train-3"
+
+
+async def test_a_training_sessions_attempt_reads_its_tenants_saves_and_writes_its_own(
+    signer: tuple[Signer, S3Store, Jobs],
+) -> None:
+    """A session's worker asks with the session's token as job id and its lease's attempt
+    token: it reads its base model and its tenant's saves, and writes only its own saves and
+    the outputs of its sampler saves (docs/tinker.md, *Placement*)."""
+    ask, store, jobs = signer
+    leases = RecordTable(
+        await kv_bucket(ask.nc.jetstream(), ask.subjects, "session_leases"), SessionLease
+    )
+    lease = SessionLease(
+        session=SESSION,
+        tenant="acme",
+        worker_id="w",
+        attempt=2,
+        cpus=1,
+        gpus=0,
+        base_model=ModelRef(name="tiny", version=1, store_key=MODEL, digest="d"),
+        attempt_token_sha256=token_digest("token-s"),
+    )
+    await leases.put(SESSION, lease)
+    theirs = f"tinker/acme/{OTHER_SESSION}/state/step-000004/adapter_model.safetensors"
+    store.put_bytes(theirs, b"the tenant's other model")
+    store.put_bytes(f"tinker/other/{OTHER_SESSION}/state/x/adapter_model.safetensors", b"no")
+    mine = {"job_id": SESSION, "attempt": 2, "token": "token-s"}
+
+    async with httpx.AsyncClient() as http:
+        for key, data in (
+            (f"{MODEL}/model.safetensors", b"model model.safetensors"),
+            (theirs, b"the tenant's other model"),  # load_state may name any of its saves
+        ):
+            got = await http.get((await ask.url("get", key, **mine))[1])
+            assert (got.status_code, got.content) == (200, data), key
+        for key in (
+            f"tinker/acme/{SESSION}/state/step-000002/adapter_model.safetensors",
+            f"outputs/{SESSION}-s17/1/adapter/adapter_model.safetensors",
+        ):
+            url = (await ask.url("put", key, **mine))[1]
+            assert (await http.put(url, content=b"w")).status_code == 200, key
+        listed = await ask.ask("list", f"tinker/acme/{SESSION}/", **mine)
+        assert [o["key"] for o in listed["result"]["objects"]] == [
+            f"tinker/acme/{SESSION}/state/step-000002/adapter_model.safetensors"
+        ]
+
+    for op, key in (
+        ("get", f"tinker/other/{OTHER_SESSION}/state/x/adapter_model.safetensors"),
+        ("list", "tinker/"),
+        ("get", jobs.datasets["job-a"]),
+        ("get", "checkpoints/job-a/attempt-1/checkpoint_00000001/adapter_model.safetensors"),
+        ("get", "adapters/acme/bot/1/adapter_model.safetensors"),
+        ("put", theirs),  # another model's save: read, never written
+        ("put", f"{MODEL}/model.safetensors"),
+        ("put", f"outputs/{SESSION}-s17/2/x"),  # only the sampler save's attempt 1
+        ("put", f"outputs/{SESSION}x-s17/1/x"),
+        ("put", f"outputs/{OTHER_SESSION}-s1/1/x"),
+        ("put", "outputs/job-a/2/result.json"),
+    ):
+        refused = await ask.ask(op, key, **mine)
+        assert refused["code"] == "forbidden", (op, key, refused)
+
+    saved = f"tinker/acme/{SESSION}/state/step-000002/adapter_model.safetensors"
+    for wrong, code in (
+        ({"token": "token-a"}, "forbidden"),  # a job's token is not the session's
+        ({"worker": "w-other"}, "forbidden"),  # the lease is worker w's
+        ({"attempt": 1}, "conflict"),
+        ({"job_id": OTHER_SESSION}, "forbidden"),  # no lease
+    ):
+        refused = await ask.ask("get", saved, **(mine | wrong))
+        assert refused["code"] == code, (wrong, refused)
+    await leases.put(SESSION, lease.model_copy(update={"state": "ended"}))
+    ended = await ask.ask("get", saved, **mine)
+    assert ended["code"] == "conflict", ended

@@ -114,7 +114,8 @@ async def test_a_session_waits_for_room_and_says_why(harness: Harness) -> None:
         await place(h, token())
     assert none.value.code == "conflict"
     assert none.value.message == (
-        "waiting for a worker of the cluster's own (a session needs its store keys)"
+        "waiting for a worker of the cluster's own (providers' workers take no training "
+        "sessions here)"
     )
     # A provider's worker has no store keys to give a session.
     async with h.beating("acme", cpus=4, labels={"provider": "acme"}):
@@ -156,6 +157,30 @@ async def test_sessions_count_against_the_tenant_limit(settings: Settings, tmp_p
         await h.submit(h.spec(), msg_id="a-job", tenant="a")
         waiting = await h.wait_record(job_id_for("a", "a-job"), lambda r: r.reason)
         assert waiting.reason == "tenant a is at its limit of 1 running job"
+
+
+async def test_providers_take_sessions_where_the_cluster_allows_with_the_tokens_digest(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """``sessions_on_providers``: a provider's worker gets the session; the lease keeps what
+    the registry grants store access by (the base model, the digest of the gateway's token);
+    a retried request (its reply lost) gets the same lease, with the new request's token."""
+    opened = running_harness(settings, tmp_path, sessions_on_providers=True)
+    async with opened as h, h.beating("acme-1", cpus=2, labels={"provider": "acme"}):
+        await asyncio.sleep(0.3)
+        session = token()
+        first = PlaceSession(
+            session=session, tenant="a", base_model=BASE, attempt_token_sha256="1" * 64
+        )
+        lease: SessionLease = await scheduler(h).call(PLACE_SESSION, first)
+        assert (lease.worker_id, lease.base_model, lease.attempt) == ("acme-1", BASE, 1)
+        assert lease.attempt_token_sha256 == "1" * 64
+        again = first.model_copy(update={"attempt_token_sha256": "2" * 64})
+        retried: SessionLease = await scheduler(h).call(PLACE_SESSION, again)
+        assert (retried.worker_id, retried.attempt) == ("acme-1", 1)
+        stored = await (await leases(h)).get(session)
+        assert stored is not None
+        assert stored[0].attempt_token_sha256 == "2" * 64
 
 
 async def test_a_lease_its_worker_stops_listing_ends_and_the_next_is_a_new_attempt(

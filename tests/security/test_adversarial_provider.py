@@ -6,7 +6,12 @@ trains a tenant's job to the end, and ``evil``, whose credentials drive plain na
 at everything a provider could try to read or forge. The registry and the scheduler run as
 their own users against a real S3 server. Every probe must be refused, and the refusal must be
 visible: a permissions violation (the client's error callback and the server's log) or a
-warning of the service that refused it; the honest job succeeds beside it all, once.
+warning of the service that refused it; the honest job succeeds beside it all, once, and then
+the honest worker holds a training session whose grants evil cannot use.
+
+Long because: every probe runs against the one stack the module starts (a nats-server on the
+shipped config, the services as their own users, the honest job running): split, each part
+would start its own.
 """
 
 from __future__ import annotations
@@ -31,13 +36,15 @@ from swarm_contracts.datasets import DatasetInfo
 from swarm_contracts.envelope import envelope
 from swarm_contracts.events import Failed, Succeeded
 from swarm_contracts.jobs import AdapterRef, JobRecord, JobState
-from swarm_contracts.providers import ATTEMPT_TOKEN_HEADER, ProviderCredentials
+from swarm_contracts.providers import ATTEMPT_TOKEN_HEADER, ProviderCredentials, token_digest
 from swarm_contracts.registry import Lineage, RegisterAdapter
+from swarm_contracts.sessions import SessionLease
 from swarm_contracts.subjects import Subjects
 from swarm_contracts.workers import Assignment
 from swarm_runtime.records import RecordTable
 from swarm_runtime.settings import Settings
-from swarm_runtime.store import open_store
+from swarm_runtime.store import ObjectStore, open_store
+from swarm_scheduler.settings import SchedulerSettings
 from swarm_trainer.settings import TrainerSettings
 
 from ..conftest import S3Server
@@ -65,6 +72,8 @@ class Stack:
     dataset: DatasetInfo
     jobs: RecordTable[JobRecord]
     scheduler: nats.NATS  # a connection as the scheduler's user: reads what the test checks
+    gateway: nats.NATS  # and one as the gateway's: what it sends, the test sends
+    store: ObjectStore  # with the registry's keys
     assignment: Assignment  # the honest provider's, with its attempt token (stolen below)
     done: asyncio.Task[JobRecord]  # the honest job's end
 
@@ -120,7 +129,10 @@ async def stack(
     tmp = tmp_path_factory.mktemp("adversary-stack")
     bucket = "adversary-" + os.urandom(4).hex()
     registry = with_s3(as_service(url, "registry", tmp), s3_server, bucket)
-    scheduler_settings = with_s3(as_service(url, "scheduler", tmp), s3_server, bucket)
+    # Sessions on providers' workers: the honest agent holds one once its job is done.
+    scheduler_settings = SchedulerSettings.of(
+        with_s3(as_service(url, "scheduler", tmp), s3_server, bucket), sessions_on_providers=True
+    )
     store = open_store(registry)
     creds_path = tmp / "honest.creds.json"
     fd = os.open(creds_path, os.O_WRONLY | os.O_CREAT, 0o600)
@@ -187,7 +199,7 @@ async def stack(
             done = asyncio.create_task(
                 wait_record(jobs, JOB, lambda r: r.state.terminal, timeout=240)
             )
-            yield Stack(url, log, creds, dataset, jobs, scheduler, assignment, done)
+            yield Stack(url, log, creds, dataset, jobs, scheduler, gateway, store, assignment, done)
             await done
     finally:
         await gateway.close()
@@ -419,8 +431,8 @@ async def test_evil_reads_no_ones_replies_watches_or_records(stack: Stack, evil:
     assert await evil.send(S.worker_attempt("honest"))
 
     # Training sessions: it may not lease or release a worker's room, call a session, hear
-    # session calls (a provider holds none), or read the leases; of a session's lease, the
-    # scheduler tells it only that it holds none.
+    # another worker's session calls, or read the leases; of a session's lease, the scheduler
+    # tells it only that it holds none, and the registry grants it no store access for it.
     session = "tsess-0123456789abcdef-train-0"
     for subject in (
         S.scheduler("sessions.place"),
@@ -429,10 +441,14 @@ async def test_evil_reads_no_ones_replies_watches_or_records(stack: Stack, evil:
         f"$JS.API.DIRECT.GET.KV_{S.bucket('session_leases')}",
     ):
         assert await evil.send(subject), subject
-    for subject in (S.worker_session("evil"), f"$KV.{S.bucket('session_leases')}.>"):
+    for subject in (S.worker_session("honest"), f"$KV.{S.bucket('session_leases')}.>"):
         assert await evil.listen(subject), subject
     status = await evil.ask(S.worker_attempt("evil"), {"job_id": session, "attempt": 1})
     assert status["result"]["holds"] is False, status
+    saved = f"tinker/{TENANT}/{session}/state/step-000001/adapter_model.safetensors"
+    grant = {"job_id": session, "attempt": 1, "attempt_token": "guessed", "op": "get", "key": saved}
+    reply = await evil.ask(S.worker_registry("store.access", "evil"), grant)
+    assert reply["code"] == "forbidden", reply
 
     await asyncio.sleep(1.0)  # the honest job keeps talking meanwhile: evil hears none of it
     assert evil.heard == []
@@ -471,3 +487,55 @@ async def test_the_honest_job_succeeded_once_and_nobody_saw_a_forgery(stack: Sta
     violations = [ln for ln in server_log(stack).splitlines() if "Violation" in ln]
     assert violations  # the probes above
     assert not [ln for ln in violations if honest_key in ln], violations
+
+
+async def test_a_session_on_the_honest_providers_worker_trains_by_its_grants_alone(
+    stack: Stack, evil: Evil
+) -> None:
+    """Sessions on providers (``SWARM_SESSIONS_ON_PROVIDERS``): the gateway leases the honest
+    worker's room and sends the session's calls, the worker reads the base model and writes
+    the session's save through the registry's grants for the lease's attempt; evil, holding the
+    attempt's token (stolen), is granted nothing, and hears none of the calls."""
+    await stack.done  # the worker's one CPU is free again
+    session, token = "tsess-00000000000000a1-train-0", "the-lease-attempts-token"
+    base = await ask(stack.gateway, S.registry("models.get"), {"name": "tiny-llama"})
+    place = {
+        "session": session,
+        "tenant": TENANT,
+        "base_model": {k: base[k] for k in ("name", "version", "store_key", "digest")},
+        "attempt_token_sha256": token_digest(token),
+    }
+    lease = SessionLease.model_validate(
+        await ask(stack.gateway, S.scheduler("sessions.place"), place)
+    )
+    assert (lease.worker_id, lease.attempt) == ("honest", 1)
+
+    def call(seq_id: int, op: str, **fields: Any) -> dict[str, Any]:
+        return {"session": session, "tenant": TENANT, "seq_id": seq_id, "op": op} | fields
+
+    calls = S.worker_session("honest", session)
+    create = {"base_model": place["base_model"], "rank": 2, "seed": 0}
+    info = await ask(stack.gateway, calls, call(0, "create", create=create, attempt_token=token))
+    assert info["model_info"]["max_context"], info
+    datum = {"tokens": [3, 4, 5], "inputs": {"target_tokens": [4, 5, 6], "weights": [1, 1, 1]}}
+    fb = call(1, "forward_backward", data=[datum], loss_fn="cross_entropy")
+    assert (await ask(stack.gateway, calls, fb))["metrics"]["loss:sum"] > 0
+    key = f"tinker/{TENANT}/{session}/state/step-000000"
+    saved = await ask(stack.gateway, calls, call(2, "save_state", store_key=key))
+    assert saved["store_key"] == key
+    assert "adapter_model.safetensors" in saved["files"]
+    assert stack.store.exists(f"{key}/adapter_model.safetensors")
+
+    grant = {"job_id": session, "attempt": 1, "attempt_token": token, "op": "get", "key": key}
+    reply = await evil.ask(S.worker_registry("store.access", "evil"), grant)
+    assert reply["code"] == "forbidden", reply
+    assert "not held by worker 'evil'" in reply["error"]
+    assert evil.heard == []
+
+
+async def ask(nc: nats.NATS, subject: str, body: dict[str, Any]) -> Any:
+    """A request as the connection's user; the reply's result (it must be ok)."""
+    msg = await nc.request(subject, json.dumps(body).encode(), timeout=60)
+    reply = json.loads(msg.data)
+    assert reply["ok"], reply
+    return reply["result"]

@@ -35,7 +35,7 @@ def host(tmp_path: Path) -> tuple[SessionHost, dict[str, bool], LocalStore]:
     model = TrainingSession(
         CreateSession(base_model=ref, rank=2, seed=0), create_tiny_model(tmp_path / "tiny")
     )
-    host.held[SESSION] = Held("a", model, attempt=2)
+    host.held[SESSION] = Held("a", model, attempt=2, store=store)
     return host, ours, store
 
 

@@ -39,6 +39,7 @@ from swarm_contracts.registry import (
     SetAlias,
     VerifyReport,
 )
+from swarm_contracts.sessions import SessionLease
 from swarm_contracts.store_access import StoreAccess, StoreGrant
 from swarm_contracts.subjects import Subjects
 from swarm_registry.adapters import AdapterCatalog
@@ -280,7 +281,8 @@ def build_app(settings: Settings) -> FastStream:
         catalogs.collector = Collector(
             store, catalogs.adapters, catalogs.models.versions, jobs, datasets
         )
-        catalogs.signer = StoreSigner(store, jobs, datasets)
+        leases = RecordTable(await kv_bucket(js, subjects, "session_leases"), SessionLease)
+        catalogs.signer = StoreSigner(store, jobs, datasets, leases)
         catalogs.forks = Forks(store, jobs)
 
     handlers = Handlers(catalogs, tracer)

@@ -19,6 +19,7 @@ from swarm_contracts.jobs import JobRecord, JobState
 from swarm_contracts.layout import output_prefix
 from swarm_contracts.providers import token_matches
 from swarm_contracts.registry import RegisterAdapter
+from swarm_contracts.sessions import SessionLease
 from swarm_contracts.store_access import StoreAccess, within
 from swarm_registry.errors import RegistryError
 
@@ -141,3 +142,30 @@ def check_store_access(
         raise _forbidden(f"job {request.job_id!r} attempt {request.attempt} is not this worker's")
     _check_sender(record, sender_worker_id)
     return record
+
+
+def check_session_access(
+    request: StoreAccess, lease: SessionLease | None, sender_worker_id: str | None
+) -> SessionLease:
+    """The training session's lease, if ``request``'s sender holds it now: the lease is held
+    (not ended), at the request's attempt, with that attempt's token (which only the worker
+    given the session's ``create`` call received), by the sender."""
+    if lease is None or lease.attempt_token_sha256 is None:
+        # A lease without a token was made before tokens: nothing to check a request against.
+        raise _forbidden(f"no training session {request.job_id!r} to grant store access for")
+    if lease.attempt != request.attempt or lease.state != "held":
+        raise RegistryError(
+            f"stale attempt: session {request.job_id!r} is at attempt {lease.attempt} "
+            f"({lease.state}), not {request.attempt}: no store access",
+            "conflict",
+        )
+    if not token_matches(lease.attempt_token_sha256, request.attempt_token):
+        raise _forbidden(
+            f"session {request.job_id!r} attempt {request.attempt} is not this worker's"
+        )
+    if sender_worker_id is not None and sender_worker_id != lease.worker_id:
+        raise _forbidden(
+            f"session {request.job_id!r} attempt {lease.attempt} is not held by worker "
+            f"{sender_worker_id!r}"
+        )
+    return lease

@@ -4,6 +4,8 @@ A provider's agent asks ``swarm.registry.store.access`` for each operation with 
 assignment's attempt token. The registry holds the store's keys and the job records (it fences
 adapter registrations the same way), so it can tell whether the asker runs the job's current
 attempt and whether the key lies in that attempt's scope (``swarm_contracts.store_access``).
+A Tinker training session's worker asks the same way with its session token and the token of
+its lease's attempt, which the session lease (written by the scheduler) is checked against.
 """
 
 from __future__ import annotations
@@ -14,13 +16,15 @@ from datetime import timedelta
 from swarm_contracts.datasets import DatasetInfo
 from swarm_contracts.jobs import JobRecord, utcnow
 from swarm_contracts.layout import InvalidKey, tokens_of_dataset, validate_key
+from swarm_contracts.sessions import SessionLease, is_session
 from swarm_contracts.store_access import (
     StoreAccess,
     StoredObject,
     StoreGrant,
     job_scope,
+    session_scope,
 )
-from swarm_registry.attempt_holder import check_store_access
+from swarm_registry.attempt_holder import check_session_access, check_store_access
 from swarm_registry.errors import RegistryError
 from swarm_runtime.records import RecordTable
 from swarm_runtime.store import ObjectStore, S3Store
@@ -37,10 +41,12 @@ class StoreSigner:
         store: ObjectStore,
         jobs: RecordTable[JobRecord],
         datasets: RecordTable[DatasetInfo],
+        sessions: RecordTable[SessionLease],
     ) -> None:
         self.store = store
         self.jobs = jobs
         self.datasets = datasets
+        self.sessions = sessions
 
     async def access(self, request: StoreAccess, sender_worker_id: str | None = None) -> StoreGrant:
         """A grant for one operation of the job's current attempt; ``sender_worker_id``: the
@@ -56,12 +62,18 @@ class StoreSigner:
             validate_key(request.key, prefix=request.op == "list")
         except InvalidKey as exc:
             raise RegistryError(str(exc), "invalid") from exc
-        entry = await self.jobs.get(request.job_id)
-        record = check_store_access(request, entry[0] if entry else None, sender_worker_id)
-        datasets, tokens = await self._dataset_keys(record)
-        if not job_scope(record, datasets, tokens).allows(request.op, request.key):
+        if is_session(request.job_id):
+            held = await self.sessions.get(request.job_id)
+            lease = check_session_access(request, held[0] if held else None, sender_worker_id)
+            scope, what = session_scope(lease), "session"
+        else:
+            entry = await self.jobs.get(request.job_id)
+            record = check_store_access(request, entry[0] if entry else None, sender_worker_id)
+            datasets, tokens = await self._dataset_keys(record)
+            scope, what = job_scope(record, datasets, tokens), "job"
+        if not scope.allows(request.op, request.key):
             raise RegistryError(
-                f"{request.op} {request.key!r} is outside job {request.job_id!r} attempt "
+                f"{request.op} {request.key!r} is outside {what} {request.job_id!r} attempt "
                 f"{request.attempt}'s scope",
                 "forbidden",
             )

@@ -44,7 +44,7 @@ from swarm_contracts.jobs import JobRecord, JobState, JobSubmission, job_id_for,
 from swarm_contracts.memory_estimate import estimate_memory
 from swarm_contracts.providers import token_digest
 from swarm_contracts.registry import ModelVersion
-from swarm_contracts.sessions import PlaceSession, ReleaseSession, SessionLease
+from swarm_contracts.sessions import PlaceSession, ReleaseSession, SessionLease, is_session
 from swarm_contracts.subjects import Subjects
 from swarm_contracts.workers import (
     Assignment,
@@ -67,7 +67,7 @@ from swarm_scheduler.metrics import SchedulerMetrics
 from swarm_scheduler.parents import resolve_fork, resolve_parent
 from swarm_scheduler.placement import HOLDING, plan
 from swarm_scheduler.registry_client import UnknownModel, model_ref, resolve_model
-from swarm_scheduler.session_leases import SessionLeases, is_session
+from swarm_scheduler.session_leases import SessionLeases
 from swarm_scheduler.settings import SchedulerSettings
 from swarm_scheduler.transitions import (
     apply_event,
@@ -643,6 +643,7 @@ class Scheduler:
             tenant_jobs,
             self.settings.tenant_max_running,
             self.workers.held_back(),
+            providers=self.settings.sessions_on_providers,
         )
         log.info(
             "training session %s (attempt %d) placed on %s",

@@ -18,14 +18,12 @@ Only the leading scheduler places and releases; it reads the bucket when it take
 
 from __future__ import annotations
 
-import re
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 
 from swarm_contracts.jobs import utcnow
 from swarm_contracts.sessions import (
-    SESSION_TOKEN_PATTERN,
     HeldSession,
     PlaceSession,
     ReleaseSession,
@@ -39,11 +37,6 @@ from swarm_scheduler.placement import Capacity, Pool, held_back_text
 # The session lane's room on a worker: the agent runs its sessions' calls one at a time, on one
 # CPU's worth of threads, and on a worker with GPUs on its first (swarm_trainer.session: cuda:0).
 SESSION_CPUS = 1
-
-
-def is_session(name: str) -> bool:
-    """Whether an attempt query's ``job_id`` names a session (``tsess-…-train-<n>``)."""
-    return re.fullmatch(SESSION_TOKEN_PATTERN, name) is not None
 
 
 def demand(worker: WorkerInfo) -> Capacity:
@@ -107,14 +100,18 @@ class SessionLeases:
         tenant_running: Counter[str],
         max_running: int = 0,
         held_back: Iterable[WorkerInfo] = (),
+        providers: bool = False,
     ) -> SessionLease:
-        """Lease room for the session on a fitting worker of the cluster's own (sessions need
-        its store keys), ending its lease on ``avoid`` (moving it). Refused (``conflict``, with
-        why) while nothing fits or its tenant is at its limit: the caller asks again later."""
+        """Lease room for the session on a fitting worker (of the cluster's own unless
+        ``providers``: a provider's is granted the session's store access with the request's
+        token), ending its lease on ``avoid`` (moving it). Refused (``conflict``, with why)
+        while nothing fits or its tenant is at its limit: the caller asks again later."""
         current = self.held.get(request.session)
         if current is not None:
             if current[0].worker_id != request.avoid:
-                return current[0]  # asked twice (a retried request): the lease it made
+                # Asked twice (a retried request whose reply was lost): the lease it made, with
+                # the token of this request, the one its caller will send.
+                return await self._retoken(request, *current)
             await self.end(request.session, f"worker {request.avoid} was lost")  # moving
         running = tenant_running[request.tenant] + self.running()[request.tenant]
         if max_running and running >= max_running:
@@ -127,7 +124,8 @@ class SessionLeases:
         candidates = [
             w
             for w in workers.workers
-            if w.provider is None and not w.labels.get("provider") and w.worker_id != request.avoid
+            if (providers or (w.provider is None and not w.labels.get("provider")))
+            and w.worker_id != request.avoid
         ]
 
         def left(w: WorkerInfo) -> Capacity:
@@ -136,7 +134,7 @@ class SessionLeases:
         # A worker with a lane already takes another session in it; else the lane must fit.
         fitting = [w for w in candidates if w.worker_id in lanes or left(w).fits(demand(w))]
         if not fitting:
-            raise Refused(self._why_not(candidates, list(held_back)), "conflict")
+            raise Refused(self._why_not(candidates, list(held_back), providers), "conflict")
 
         def preference(w: WorkerInfo) -> tuple[object, ...]:
             # The base model already cached first; then a lane already open (no room taken);
@@ -159,6 +157,8 @@ class SessionLeases:
             attempt=attempt,
             cpus=need.cpus,
             gpus=need.gpus,
+            base_model=request.base_model,
+            attempt_token_sha256=request.attempt_token_sha256,
         )
         # Compare-and-set: two leaders for a moment cannot both lease the same attempt.
         if found is None:
@@ -169,13 +169,30 @@ class SessionLeases:
         self._listed[request.session] = (attempt, self.clock())
         return lease
 
+    async def _retoken(
+        self, request: PlaceSession, lease: SessionLease, revision: int
+    ) -> SessionLease:
+        if lease.attempt_token_sha256 == request.attempt_token_sha256:
+            return lease
+        lease = lease.model_copy(update={"attempt_token_sha256": request.attempt_token_sha256})
+        self.held[request.session] = (
+            lease,
+            await self.table.update(request.session, lease, revision),
+        )
+        return lease
+
     @staticmethod
-    def _why_not(candidates: list[WorkerInfo], held_back: list[WorkerInfo]) -> str:
+    def _why_not(candidates: list[WorkerInfo], held_back: list[WorkerInfo], providers: bool) -> str:
         if candidates:
             return f"waiting for {SESSION_CPUS} CPU to free up on a worker for the session"
         if held_back:
             return f"waiting for a worker: none takes new sessions ({held_back_text(held_back)})"
-        return "waiting for a worker of the cluster's own (a session needs its store keys)"
+        if providers:
+            return "waiting for a worker"
+        return (
+            "waiting for a worker of the cluster's own (providers' workers take no training "
+            "sessions here)"
+        )
 
     async def release(self, request: ReleaseSession) -> SessionLease:
         """End the lease of this attempt (the client closed the session): its record goes too,

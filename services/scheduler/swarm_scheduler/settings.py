@@ -23,6 +23,11 @@ class SchedulerSettings(Settings):
     # stopped) within this long is taken back by the scheduler and paused from its last
     # committed checkpoint; the worker, no longer holding it, stops the run.
     pause_grace_s: float = Field(default=120.0, gt=0)
+    # Whether Tinker training sessions may be placed on providers' workers (docs/tinker.md,
+    # *Placement*). A session's store access is scoped to its tenant's saves like a job's, but
+    # its work cannot be replayed to check it (each call is the client's): off by default, for
+    # a cluster that trusts its providers with its users' interactive training.
+    sessions_on_providers: bool = False
     # Most jobs one tenant may have assigned or running at once; 0 means no limit.
     tenant_max_running: int = Field(default=0, ge=0)
     # Among the workers a job fits: "best_fit" takes the one left with the least spare room

@@ -26,11 +26,13 @@ from swarm_runtime.broker import inbox_prefix, make_broker
 from swarm_runtime.prometheus import MetricsServer
 from swarm_runtime.rpc import ServiceClient, answer
 from swarm_runtime.settings import Settings, absolute
+from swarm_runtime.store import ObjectStore
 from swarm_runtime.tracing import setup_tracing, tracer_of
 from swarm_trainer.agent import SERVICE, TrainerAgent
 from swarm_trainer.metrics import TrainerMetrics
 from swarm_trainer.sessions_host import SessionHost
 from swarm_trainer.settings import TrainerSettings
+from swarm_trainer.signed_store import SignedAccess, SignedStore
 
 
 def build_app(settings: Settings) -> FastStream:
@@ -90,18 +92,25 @@ def build_app(settings: Settings) -> FastStream:
         return await answer(Reply[WorkerBenchmark], agent.benchmark_requested(request))
 
     # Tinker training sessions held here (swarm_trainer.sessions_host): the gateway's calls, on
-    # this worker's own subject, one at a time (their order is the session's). Only the
-    # cluster's own agents hold sessions (docs/tinker.md): a session is no job whose attempt
-    # would grant a provider store access, and providers' credentials do not allow the subject.
+    # this worker's own subject, one at a time (their order is the session's). A worker
+    # without store keys uses what the registry grants each session's attempt; whether
+    # providers' workers get sessions at all is the scheduler's setting (docs/tinker.md).
+    def signed(session: str, attempt: int, token: str) -> ObjectStore:
+        access = SignedAccess.of_attempt(settings, session, attempt, token, agent.worker_id)
+        return SignedStore(access)
+
     sessions = SessionHost(
-        agent.store, agent.cache, settings.session_idle_s, holds=agent.holds_session
+        agent.store,
+        agent.cache,
+        settings.session_idle_s,
+        holds=agent.holds_session,
+        signed=signed,
     )
     agent.sessions = sessions.listed
-    if agent.provider is None:
 
-        @broker.subscriber(subjects.worker_session(agent.worker_id))
-        async def on_session_call(call: SessionCall) -> Reply[SessionResult]:
-            return await answer(Reply[SessionResult], sessions.call(call))
+    @broker.subscriber(subjects.worker_session(agent.worker_id))
+    async def on_session_call(call: SessionCall) -> Reply[SessionResult]:
+        return await answer(Reply[SessionResult], sessions.call(call))
 
     store = agent.store
     if agent.provider is None and store is not None:

@@ -12,23 +12,37 @@ Each session is held under the scheduler's lease (swarm_scheduler.session_leases
 lists what it holds in its heartbeats (``listed``), which keeps the leases; a call of another
 attempt than the one held is refused, and before a save writes to the store the worker asks
 the scheduler whether it still holds that attempt (``holds``): a worker frozen while its
-session moved on cannot overwrite what the session's new worker saves.
+session moved on cannot overwrite what the session's new worker saves. A worker holding no
+store keys (a provider's) reads and writes with what the registry grants the attempt (the
+create call brings its token), as for a job: its tenant's saves, its own, its base model.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 
 from swarm_contracts.sessions import HeldSession, SessionCall, SessionResult
 from swarm_runtime.rpc import Refused
 from swarm_runtime.store import ObjectStore
 from swarm_trainer.cache import TransferCache
+from swarm_trainer.signed_store import StoreAccessRefused
 
 log = logging.getLogger(__name__)
+
+
+@contextlib.contextmanager
+def _granted(call: SessionCall) -> Iterator[None]:
+    """A store operation the registry refused the attempt (its lease ended, or a key outside
+    its scope) refuses the call, saying so: the worker's refusal, not an internal error."""
+    try:
+        yield
+    except StoreAccessRefused as exc:
+        raise Refused(f"{call.op}: {exc.message}", "forbidden") from exc
 
 
 @dataclass
@@ -36,12 +50,16 @@ class Held:
     tenant: str
     session: object  # a swarm_trainer.session.TrainingSession (torch: imported on first use)
     attempt: int
+    store: ObjectStore
     last_seq: int = 0
     last_used: float = field(default_factory=time.monotonic)
 
 
 # Whether this worker still holds attempt ``n`` of a session's lease (asked of the scheduler).
 Holds = Callable[[str, int], Awaitable[bool]]
+# A store for one attempt of a session, granted operation by operation by the registry (a
+# worker without store keys: swarm_trainer.signed_store), from the session, attempt and token.
+Signed = Callable[[str, int, str], ObjectStore]
 SAVES = ("save_state", "save_weights_for_sampler")
 
 
@@ -52,11 +70,13 @@ class SessionHost:
         cache: TransferCache,
         idle_s: float,
         holds: Holds | None = None,
+        signed: Signed | None = None,
     ) -> None:
         self.store = store
         self.cache = cache
         self.idle_s = idle_s
         self.holds = holds
+        self.signed = signed
         self.held: dict[str, Held] = {}
         self.building: dict[str, int] = {}  # session -> attempt, while its model is built
 
@@ -93,7 +113,8 @@ class SessionHost:
                 "forbidden",
             )
         held.last_used = started = time.monotonic()
-        result = await asyncio.to_thread(self._run, held, call)
+        with _granted(call):
+            result = await asyncio.to_thread(self._run, held, call)
         result.compute_s = time.monotonic() - started
         return result
 
@@ -109,7 +130,7 @@ class SessionHost:
             raise Refused("create: no model")
         if (same := self.held.get(call.session)) is not None and same.attempt == call.attempt:
             return same.session.info()  # type: ignore[attr-defined]
-        store = self._store()
+        store = self._store(call)
         spec = call.create
 
         def build() -> object:
@@ -125,22 +146,25 @@ class SessionHost:
         started = time.monotonic()
         self.building[call.session] = call.attempt
         try:
-            session = await asyncio.to_thread(build)
+            with _granted(call):
+                session = await asyncio.to_thread(build)
         finally:
             self.building.pop(call.session, None)
         # An older attempt held here (the session came back to this worker) is replaced.
-        self.held[call.session] = Held(call.tenant, session, call.attempt)
+        self.held[call.session] = Held(call.tenant, session, call.attempt, store)
         log.info("training session %s (%s) opened", call.session, spec.base_model.name)
         result: SessionResult = session.info()  # type: ignore[attr-defined]
         result.compute_s = time.monotonic() - started
         return result
 
-    def _store(self) -> ObjectStore:
-        if self.store is None:
-            # A worker without store keys is granted its store operations per job attempt; a
-            # session is no job (yet): docs/tinker.md, "What is left".
-            raise Refused("this worker holds no store keys: it cannot hold training sessions")
-        return self.store
+    def _store(self, call: SessionCall) -> ObjectStore:
+        """The store as this session's attempt may use it: this worker's own, or (holding no
+        store keys) what the registry grants the attempt, operation by operation."""
+        if self.store is not None:
+            return self.store
+        if self.signed is None or not call.attempt_token:
+            raise Refused("this worker holds no store keys, and the call no attempt token")
+        return self.signed(call.session, call.attempt, call.attempt_token)
 
     def _run(self, held: Held, call: SessionCall) -> SessionResult:
         from swarm_trainer.session import TrainingSession
@@ -161,6 +185,6 @@ class SessionHost:
         if call.store_key is None:
             raise Refused(f"{call.op}: no path")
         if call.op == "load_state":
-            return session.load(self._store(), call.store_key, optimizer=call.optimizer)
+            return session.load(held.store, call.store_key, optimizer=call.optimizer)
         # save_state keeps the optimizer; save_weights_for_sampler only the adapter.
-        return session.save(self._store(), call.store_key, optimizer=call.op == "save_state")
+        return session.save(held.store, call.store_key, optimizer=call.op == "save_state")

@@ -109,13 +109,20 @@ class SignedAccess(BaseModel):
     def of(cls, settings: Settings, job: Assignment) -> SignedAccess:
         if not job.attempt_token:
             raise ValueError(f"job {job.job_id}: an assignment without an attempt token")
+        return cls.of_attempt(settings, job.job_id, job.attempt, job.attempt_token, job.worker_id)
+
+    @classmethod
+    def of_attempt(
+        cls, settings: Settings, job_id: str, attempt: int, token: str, worker_id: str
+    ) -> SignedAccess:
+        """``job_id``: a job's, or a training session's token (its lease's attempt)."""
         nats_settings = Settings(**{name: getattr(settings, name) for name in NATS_FIELDS})
         return cls(
             nats=nats_settings,
-            job_id=job.job_id,
-            attempt=job.attempt,
-            attempt_token=SecretStr(job.attempt_token),
-            worker_id=job.worker_id,
+            job_id=job_id,
+            attempt=attempt,
+            attempt_token=SecretStr(token),
+            worker_id=worker_id,
         )
 
     def request(self, op: StoreOp, key: str) -> StoreAccess:

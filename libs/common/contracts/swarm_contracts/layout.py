@@ -1,7 +1,8 @@
 """The object store's layout: every key Swarm writes, built and parsed in one place.
 
 A contract like ``subjects``: the gateway uploads ``datasets/`` and ``models/``, the trainer
-writes ``checkpoints/``, ``outputs/``, ``exports/`` and the tokenized datasets of ``tokens/``,
+writes ``checkpoints/``, ``outputs/``, ``exports/``, the tokenized datasets of ``tokens/`` and
+Tinker training sessions' saves (``tinker/``),
 the registry copies adapters into ``adapters/`` and its garbage collector deletes what the
 others wrote. Keys are '/'-separated
 relative paths, validated so that no key can escape the store (docs/architecture.md, *Object
@@ -20,6 +21,7 @@ OUTPUTS = "outputs"
 ADAPTERS = "adapters"
 EXPORTS = "exports"
 TOKENS = "tokens"
+TINKER = "tinker"
 
 # A run's outputs: the adapter it produced and its final metrics.
 OUTPUT_ADAPTER = "adapter"
@@ -56,6 +58,16 @@ def validate_key(key: str, *, prefix: bool = False) -> str:
 
 def join_key(*parts: str) -> str:
     return validate_key("/".join(p.strip("/") for p in parts if p))
+
+
+# --- Tinker training sessions (gateway, trainer) ---------------------------------------------
+
+
+def session_saves(tenant: str, session: str | None = None) -> str:
+    """A tenant's Tinker ``save_state`` saves; with ``session`` (its token), that model's
+    (``<kind>/<name>`` below it). ``save_weights_for_sampler`` writes a job's output instead
+    (``output_prefix(f"{session}-s{seq_id}", 1)``), which the registry takes adapters from."""
+    return join_key(TINKER, tenant, session or "")
 
 
 # --- uploads (gateway) ------------------------------------------------------------------------

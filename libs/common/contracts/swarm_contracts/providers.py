@@ -90,7 +90,8 @@ def provider_permissions(name: str, subjects: Subjects | None = None) -> Permiss
       the job's current attempt) and to the scheduler (does it still hold an attempt);
     * its assignments, through its own durable consumer on the assignments stream, created
       with its filter subject in the API subject so that it cannot be pointed at another
-      worker's; cancels, hand-back and self-benchmark requests in (answering the latter);
+      worker's; cancels, hand-back and self-benchmark requests in (answering the latter), and
+      the calls of the training sessions placed on it (answering them);
     * replies only under its own inbox prefix ``_INBOX.worker.<name>`` (the agent connects
       with it): no other identity's replies, KV watches or deliveries.
 
@@ -133,6 +134,7 @@ def provider_permissions(name: str, subjects: Subjects | None = None) -> Permiss
             s.worker_cancel(name),
             s.release(name),
             s.benchmark(name),
+            s.worker_session(name),
         ],
         subscribe_deny=[s.job_event(), s.cancel(), s.submit],
         allow_responses=True,

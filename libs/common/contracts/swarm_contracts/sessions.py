@@ -10,6 +10,7 @@ SDK's ``user`` error category); anything else is the server's.
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Literal
 
@@ -22,6 +23,13 @@ from swarm_contracts.replies import Action
 # A session's subject token and KV key: the Tinker model id with ':' made '-'
 # (``<session>:train:<n>`` -> ``<session>-train-<n>``).
 SESSION_TOKEN_PATTERN = r"^tsess-[0-9a-f]{16}-train-[0-9]{1,6}$"
+
+
+def is_session(name: str) -> bool:
+    """Whether a job id of an attempt query or a store-access request names a training
+    session (its token, ``tsess-…-train-<n>``): its lease is the authority, not a job record."""
+    return re.fullmatch(SESSION_TOKEN_PATTERN, name) is not None
+
 
 # The loss functions a session computes (the SDK names more: they are refused, by name), and
 # the loss_fn_config keys a loss cannot do without (no default of Tinker's is documented).
@@ -102,6 +110,12 @@ class SessionCall(BaseModel):
         default=None, description="save_state/load_state/save_weights_for_sampler: where"
     )
     optimizer: bool = Field(default=True, description="load_state: the optimizer's state too")
+    attempt_token: str | None = Field(
+        default=None,
+        repr=False,
+        description="create: the lease attempt's token (its digest is in the SessionLease), with "
+        "which a worker holding no store keys asks the registry for the session's store access",
+    )
 
 
 class SessionResult(BaseModel):
@@ -131,6 +145,12 @@ class PlaceSession(BaseModel):
     tenant: str = Field(pattern=NAME_PATTERN)
     base_model: ModelRef
     avoid: str | None = None
+    attempt_token_sha256: str | None = Field(
+        default=None,
+        pattern=r"^[0-9a-f]{64}$",
+        description="the digest of the token the gateway gives the worker with the create call "
+        "(the token itself never reaches the scheduler or a bucket)",
+    )
 
 
 class ReleaseSession(BaseModel):
@@ -154,6 +174,12 @@ class SessionLease(BaseModel):
     attempt: int = Field(ge=1)
     cpus: int = Field(ge=0)
     gpus: int = Field(ge=0)
+    base_model: ModelRef | None = Field(
+        default=None, description="what the session trains (its store access reads it)"
+    )
+    attempt_token_sha256: str | None = Field(
+        default=None, description="PlaceSession's: the registry grants store access with it"
+    )
     state: Literal["held", "ended"] = "held"
     reason: str | None = Field(default=None, description="why it ended")
     granted_at: datetime = Field(default_factory=utcnow)

@@ -9,6 +9,7 @@ minutes, or for ``list``/``head`` with the answer itself (docs/providers.md, *St
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Literal, NamedTuple
@@ -17,11 +18,15 @@ from pydantic import BaseModel, Field
 
 from swarm_contracts.jobs import JobRecord
 from swarm_contracts.layout import (
+    OUTPUTS,
     job_checkpoints,
+    join_key,
     output_prefix,
     resume_key,
     run_key,
+    session_saves,
 )
+from swarm_contracts.sessions import SessionLease
 
 StoreOp = Literal["get", "put", "delete", "head", "list"]
 READ_OPS: tuple[StoreOp, ...] = ("get", "head", "list")
@@ -31,7 +36,7 @@ WRITE_OPS: tuple[StoreOp, ...] = ("put", "delete")
 class StoreAccess(BaseModel):
     """``swarm.registry.store.access``: one operation on one key (``list``: a prefix)."""
 
-    job_id: str
+    job_id: str = Field(description="the job's id, or a training session's token (its lease)")
     attempt: int
     attempt_token: str = Field(repr=False, description="the assignment's attempt token")
     op: StoreOp
@@ -57,14 +62,18 @@ class StoreGrant(BaseModel):
 
 
 class JobScope(NamedTuple):
-    """What one attempt of a job may touch: ``read`` keys or prefixes (a prefix covers every
-    key below it), and ``write`` prefixes (put and delete). Writes are readable too."""
+    """What one attempt of a job (or of a training session) may touch: ``read`` keys or
+    prefixes (a prefix covers every key below it), and ``write`` prefixes (put and delete);
+    ``write_like``: write prefixes named by a pattern (a session's sampler saves, one output
+    per call). Writes are readable too."""
 
     read: tuple[str, ...]
     write: tuple[str, ...]
+    write_like: tuple[str, ...] = ()
 
     def allows(self, op: StoreOp, key: str) -> bool:
         roots = self.write if op in WRITE_OPS else self.read + self.write
+        roots += tuple(m.group(0) for p in self.write_like if (m := re.match(p, key)))
         if op == "list":
             # S3 prefixes are plain string prefixes: "checkpoints/job-a" would also list
             # "checkpoints/job-ab/…". A listing must name a directory below a root.
@@ -104,3 +113,21 @@ def job_scope(
         output_prefix(record.job_id, record.attempt),
     )
     return JobScope(read=tuple(read), write=write)
+
+
+def session_scope(lease: SessionLease) -> JobScope:
+    """The scope of a training session's lease (docs/tinker.md, *Placement*).
+
+    Read: its base model's files and its tenant's Tinker saves (``load_state`` and
+    ``create_training_client_from_state`` may name any model's save of the tenant). Write: its
+    own saves, and the outputs its ``save_weights_for_sampler`` calls write for the registry
+    (``outputs/<session>-s<seq_id>/1``). Nothing of another tenant's, nor of any job's."""
+    read = [session_saves(lease.tenant)]
+    if lease.base_model is not None:
+        read.append(lease.base_model.store_key)
+    sampler_outputs = rf"{re.escape(join_key(OUTPUTS, lease.session))}-s[0-9]+/1"
+    return JobScope(
+        read=tuple(read),
+        write=(session_saves(lease.tenant, lease.session),),
+        write_like=(sampler_outputs,),
+    )

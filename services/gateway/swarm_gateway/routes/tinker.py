@@ -21,7 +21,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from swarm_contracts.jobs import LoraSpec, ModelRef, TrainingSpec, utcnow
-from swarm_contracts.layout import output_prefix
+from swarm_contracts.layout import join_key, output_prefix, session_saves
 from swarm_contracts.registry import GetModel, Lineage, ListModels, ModelVersion, RegisterAdapter
 from swarm_contracts.registry_api import GET_MODEL, LIST_MODELS, REGISTER_ADAPTER
 from swarm_contracts.sessions import (
@@ -33,7 +33,6 @@ from swarm_contracts.sessions import (
     CreateSession,
     Op,
     SessionCall,
-    SessionLease,
     SessionResult,
 )
 from swarm_gateway.auth import DEFAULT_TENANT, KeyTable
@@ -284,8 +283,10 @@ async def _create(
     model_id = f"{session_id}:train:{model_seq_id}"
     token = model_token(model_id)
     try:
-        granted: SessionLease | None = await sessions.lease(gw, token, tenant, create.base_model)
-        waiting = None
+        granted: sessions.Granted | None = await sessions.lease(
+            gw, token, tenant, create.base_model
+        )
+        waiting = ""
     except sessions.NoRoom as exc:  # it waits for room: the future stays pending meanwhile
         granted, waiting = None, str(exc)
     record = ModelRecord(
@@ -303,7 +304,8 @@ async def _create(
     )
     await t.models.put(token, record)
     call = SessionCall(session=token, tenant=tenant, seq_id=0, op="create", create=create)
-    if waiting is None:
+    if granted is not None:
+        call.attempt_token = granted.token
         return await _send(t, record, call, then=sessions.built(t.models, token), path=path)
     future = _future(t, record, call, path)
     future.waiting = waiting
@@ -702,7 +704,7 @@ def _register_for_sampling(
 
 
 def _store_key(record: ModelRecord, kind: str, name: str) -> str:
-    return f"tinker/{record.tenant}/{model_token(record.model_id)}/{kind}/{name}"
+    return join_key(session_saves(record.tenant, model_token(record.model_id)), kind, name)
 
 
 def parse_path(path: str) -> tuple[str, str, str]:

@@ -18,11 +18,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 import time
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Literal
 
 from swarm_contracts.jobs import ModelRef, utcnow
+from swarm_contracts.providers import token_digest
 from swarm_contracts.sessions import (
     PLACE_SESSION,
     RELEASE_SESSION,
@@ -55,16 +58,34 @@ class NoRoom(Exception):
     """Nothing fits the model now (or its tenant is at its limit): why, as the scheduler said."""
 
 
+@dataclass(frozen=True)
+class Granted:
+    """A worker's room for the model (its lease's worker and attempt), and the attempt's token
+    its ``create`` call carries: a worker holding no store keys asks the registry for the
+    session's store access with it (the scheduler keeps only its digest)."""
+
+    worker_id: str
+    attempt: int
+    token: str = field(repr=False)
+
+
 async def lease(
     gw: Gateway, token: str, tenant: str, base: ModelRef, avoid: str | None = None
-) -> SessionLease:
+) -> Granted:
     """The scheduler's lease of a worker's room for the model (``NoRoom`` if none now; a
     scheduler process that is not leading refuses, and the next is asked)."""
-    request = PlaceSession(session=token, tenant=tenant, base_model=base, avoid=avoid)
+    attempt_token = secrets.token_urlsafe(24)
+    request = PlaceSession(
+        session=token,
+        tenant=tenant,
+        base_model=base,
+        avoid=avoid,
+        attempt_token_sha256=token_digest(attempt_token),
+    )
     for tries_left in reversed(range(5)):
         try:
             found: SessionLease = await gw.scheduler.call(PLACE_SESSION, request)
-            return found
+            return Granted(found.worker_id, found.attempt, attempt_token)
         except Refused as exc:
             if exc.code == "conflict":
                 raise NoRoom(exc.message) from exc
@@ -146,7 +167,7 @@ async def send_create(
     calls: Calls,
     call: SessionCall,
     future: FutureRecord,
-    granted: SessionLease,
+    granted: Granted,
 ) -> None:
     """The model has room: record where, and send it its ``create`` call."""
 
@@ -156,7 +177,7 @@ async def send_create(
 
     await models.modify(call.session, placed)
     future = future.model_copy(update={"worker_id": granted.worker_id, "waiting": None})
-    call = call.model_copy(update={"attempt": granted.attempt})
+    call = call.model_copy(update={"attempt": granted.attempt, "attempt_token": granted.token})
     await calls.send(granted.worker_id, call, future, built(models, call.session))
 
 
@@ -253,6 +274,7 @@ async def restore(
         attempt=granted.attempt,
         op="create",
         create=create,
+        attempt_token=granted.token,
     )
     deadline = utcnow().timestamp() + CALL_TIMEOUT_S
     if moving is not None:
