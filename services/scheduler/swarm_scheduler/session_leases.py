@@ -6,9 +6,9 @@ long as the client uses them. Its lease (``SessionLease``, KV bucket ``session_l
 room on that worker, which job placement then leaves alone, and counts against its tenant's
 running work (the fair share's count and ``tenant_max_running``). The room is the worker's
 session lane: the agent runs all its sessions' calls one at a time, on one CPU's worth of
-threads (and its first GPU, where it has GPUs), so the first lease on a worker takes it and
-the others share it. The worker renews it by listing the session in
-its heartbeats; a lease whose worker is lost, restarted, or has not listed it for
+threads (and one GPU, where it has GPUs, held in the agent's Ray), so the first lease on a
+worker takes it and the others share it. The worker renews it by listing the session in its
+heartbeats; a lease whose worker is lost, restarted, or has not listed it for
 ``assign_timeout_s`` ends, and so does one the gateway releases (the client closed the session,
 or moves it off a lost worker). Each placement of a session is a new ``attempt``: the fencing
 token its calls carry, and what a worker asks about (``holds``) before it writes to the store.
@@ -35,7 +35,8 @@ from swarm_runtime.rpc import Refused
 from swarm_scheduler.placement import Capacity, Pool, held_back_text
 
 # The session lane's room on a worker: the agent runs its sessions' calls one at a time, on one
-# CPU's worth of threads, and on a worker with GPUs on its first (swarm_trainer.session: cuda:0).
+# CPU's worth of threads, and on a worker with GPUs on one GPU (which swarm_trainer.session_lane
+# holds in the agent's Ray).
 SESSION_CPUS = 1
 
 

@@ -30,6 +30,7 @@ from swarm_runtime.store import ObjectStore
 from swarm_runtime.tracing import setup_tracing, tracer_of
 from swarm_trainer.agent import SERVICE, TrainerAgent
 from swarm_trainer.metrics import TrainerMetrics
+from swarm_trainer.session_lane import GpuLane
 from swarm_trainer.sessions_host import SessionHost
 from swarm_trainer.settings import TrainerSettings
 from swarm_trainer.signed_store import SignedAccess, SignedStore
@@ -105,6 +106,7 @@ def build_app(settings: Settings) -> FastStream:
         settings.session_idle_s,
         holds=agent.holds_session,
         signed=signed,
+        lane=GpuLane(),
     )
     agent.sessions = sessions.listed
 

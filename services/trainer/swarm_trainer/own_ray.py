@@ -26,10 +26,12 @@ _node: Any = None
 _warm: Any = None
 
 
-def start(cpus: int, *, worker_logs: bool, warm_start: bool = True) -> None:
-    """Start a Ray node of ``cpus`` CPUs (its GPUs found by Ray) and connect to it; its worker
-    processes forked from a server that imported what they need (``warm_start``) unless told
-    not to."""
+def start(
+    cpus: int, *, worker_logs: bool, warm_start: bool = True, gpus: int | None = None
+) -> None:
+    """Start a Ray node of ``cpus`` CPUs (and ``gpus`` GPUs, else those Ray finds) and connect
+    to it; its worker processes forked from a server that imported what they need
+    (``warm_start``) unless told not to."""
     global _node, _warm
     import ray
     from ray._private.node import Node
@@ -48,6 +50,7 @@ def start(cpus: int, *, worker_logs: bool, warm_start: bool = True) -> None:
         warm = warm_server.start()
     params = RayParams(
         num_cpus=cpus,
+        num_gpus=gpus,
         include_dashboard=False,
         include_log_monitor=worker_logs,
         no_monitor=True,

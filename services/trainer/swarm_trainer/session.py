@@ -1,7 +1,7 @@
 """A Tinker training session on this worker: one LoRA model and its AdamW optimizer, driven
 call by call (swarm_contracts.sessions) instead of by a training loop.
 
-The model lives in the agent's process, on its first GPU if it has one (its base in bf16 there,
+The model lives in the agent's process, on the session lane's GPU if it has GPUs (its base in bf16 there,
 the LoRA weights fp32 under bf16 autocast, as a job trains; fp32 throughout on a CPU); the
 calls of a session run one at a time in a worker thread, so the agent keeps heartbeating while
 they compute. A call's data go through the model in micro-batches (``micro_batches``: rows
@@ -72,9 +72,11 @@ def micro_batches(lengths: list[int], budget: int) -> list[list[int]]:
 
 
 class TrainingSession:
-    def __init__(self, spec: CreateSession, model_dir: Path) -> None:
+    def __init__(self, spec: CreateSession, model_dir: Path, device: str | None = None) -> None:
+        """``device``: where the model lives (the worker's session lane: its GPU, held in Ray,
+        swarm_trainer.session_lane); by default the first GPU there is, else the CPU."""
         self.spec = spec
-        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.bf16 = use_bf16("auto", self.device)
         base = AutoModelForCausalLM.from_pretrained(
             model_dir,

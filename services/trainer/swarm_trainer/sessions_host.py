@@ -30,6 +30,7 @@ from swarm_contracts.sessions import HeldSession, SessionCall, SessionResult
 from swarm_runtime.rpc import Refused
 from swarm_runtime.store import ObjectStore
 from swarm_trainer.cache import TransferCache
+from swarm_trainer.session_lane import GpuLane
 from swarm_trainer.signed_store import StoreAccessRefused
 
 log = logging.getLogger(__name__)
@@ -71,12 +72,15 @@ class SessionHost:
         idle_s: float,
         holds: Holds | None = None,
         signed: Signed | None = None,
+        lane: GpuLane | None = None,
     ) -> None:
         self.store = store
         self.cache = cache
         self.idle_s = idle_s
         self.holds = holds
         self.signed = signed
+        # On a machine with GPUs: the one the sessions run on, held in the agent's Ray.
+        self.lane = lane
         self.held: dict[str, Held] = {}
         self.building: dict[str, int] = {}  # session -> attempt, while its model is built
 
@@ -99,14 +103,14 @@ class SessionHost:
                 "forbidden",
             )
         if call.op == "close":
-            del self.held[call.session]
+            self._drop(call.session)
             return SessionResult()
         if call.seq_id <= held.last_seq:
             raise Refused(f"seq_id: {call.seq_id} out of order, after {held.last_seq}")
         held.last_seq = call.seq_id
         holds = self.holds
         if call.op in SAVES and holds is not None and not await holds(call.session, held.attempt):
-            del self.held[call.session]  # moved on without this worker: let it go
+            self._drop(call.session)  # moved on without this worker: let it go
             raise Refused(
                 f"this worker no longer holds attempt {held.attempt} of session "
                 f"{call.session}: nothing saved",
@@ -123,7 +127,7 @@ class SessionHost:
         for token, held in list(self.held.items()):
             if now - held.last_used > self.idle_s:
                 log.info("training session %s idle for %.0f s: closed", token, self.idle_s)
-                del self.held[token]
+                self._drop(token)
 
     async def _create(self, call: SessionCall) -> SessionResult:
         if call.create is None:
@@ -134,11 +138,15 @@ class SessionHost:
         spec = call.create
 
         def build() -> object:
+            import torch
+
             from swarm_trainer import fetch
             from swarm_trainer.session import TrainingSession
 
+            lane = self.lane if torch.cuda.is_available() else None
+            device = lane.device() if lane is not None else None
             with fetch.base_model(self.cache, store, spec.base_model) as entry:
-                session = TrainingSession(spec, entry.path)
+                session = TrainingSession(spec, entry.path, device)
             if spec.load_key is not None:
                 session.load(store, spec.load_key, optimizer=spec.load_optimizer)
             return session
@@ -148,14 +156,26 @@ class SessionHost:
         try:
             with _granted(call):
                 session = await asyncio.to_thread(build)
-        finally:
+        except BaseException:
             self.building.pop(call.session, None)
+            self._release_lane()
+            raise
+        self.building.pop(call.session, None)
         # An older attempt held here (the session came back to this worker) is replaced.
         self.held[call.session] = Held(call.tenant, session, call.attempt, store)
         log.info("training session %s (%s) opened", call.session, spec.base_model.name)
         result: SessionResult = session.info()  # type: ignore[attr-defined]
         result.compute_s = time.monotonic() - started
         return result
+
+    def _drop(self, token: str) -> None:
+        del self.held[token]
+        self._release_lane()
+
+    def _release_lane(self) -> None:
+        """No session held or being built: the lane's GPU goes back to Ray's jobs."""
+        if self.lane is not None and not self.held and not self.building:
+            self.lane.release()
 
     def _store(self, call: SessionCall) -> ObjectStore:
         """The store as this session's attempt may use it: this worker's own, or (holding no
