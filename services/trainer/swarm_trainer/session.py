@@ -1,8 +1,9 @@
 """A Tinker training session on this worker: one LoRA model and its AdamW optimizer, driven
 call by call (swarm_contracts.sessions) instead of by a training loop.
 
-The model lives in the agent's process, on the session lane's GPU if it has GPUs (its base in bf16 there,
-the LoRA weights fp32 under bf16 autocast, as a job trains; fp32 throughout on a CPU); the
+The model lives in the agent's process, on the session lane's GPU if it has GPUs (its base in
+bf16 there, the LoRA weights fp32 under bf16 autocast, as a job trains; fp32 throughout on a
+CPU); the
 calls of a session run one at a time in a worker thread, so the agent keeps heartbeating while
 they compute. A call's data go through the model in micro-batches (``micro_batches``: rows
 padded at their end to the micro-batch's longest datum, ``CPU_TOKENS_PER_FORWARD`` or
