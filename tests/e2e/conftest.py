@@ -55,6 +55,9 @@ def stack(nats_server: NatsServer, tmp_path_factory: pytest.TempPathFactory) -> 
             "SWARM_NAMESPACE": namespace,
             "SWARM_TRAINER_CPUS": "2",
             "SWARM_WORKER_ID": "e2e-worker",
+            # Jobs named slow-… step slowly (sleeping, not computing): the pause tests'
+            # runs last long enough to be paused in their middle on any machine.
+            "SWARM_TRAINER_TEST_HOOK": "slow_named_steps",
             # The inference worker: tiny-llama only (tests/e2e/test_inference.py starts
             # others), quick to notice a new model or a dead worker.
             "SWARM_INFERENCE_MODELS": "tiny-llama",

@@ -238,9 +238,11 @@ def test_pause_and_resume_with_the_stock_client(
         model="tiny-llama",
         training_file=training.id,
         seed=5,
-        # 160 steps: long enough to pause it before its end, even on an idle machine that
-        # trains the tiny model at 20 ms a step (a pause takes a second or two to land).
-        hyperparameters={"n_epochs": 20, "batch_size": 1},
+        # 40 steps of a job named slow-… (its adapter's name, from the suffix): the e2e
+        # trainer sleeps 0.2 s before each (tests/e2e/conftest.py), so a pause (a second or two
+        # to land) comes before its end even on a machine that trains a step in 20 ms.
+        suffix="slow-pause",
+        hyperparameters={"n_epochs": 5, "batch_size": 1},
     )
 
     def trained_a_step() -> bool:

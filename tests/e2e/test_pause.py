@@ -27,16 +27,18 @@ from .conftest import Stack
 
 pytestmark = pytest.mark.slow
 
-# Steps enough that a pause asked after the second lands well before the end: a pause reaches
-# the loop within a second or two, and a step of the tiny model takes 0.1 s on a loaded
-# machine but as little as 20 ms on an idle one (40 steps once ran out before the pause).
-STEPS = 160
+# A pause asked after the second step lands within a second or two. A step of the tiny model
+# takes as little as 20 ms on an idle machine (40 steps once ran out before the pause), so the
+# jobs are named slow-…: the e2e trainer sleeps 0.2 s before each of their steps
+# (SWARM_TRAINER_TEST_HOOK=slow_named_steps), which leaves the pause 7 s or more however fast
+# the machine, and costs no CPU.
+STEPS = 40
 WORKER = "e2e-worker"
 
 
 def spec(stack: Stack, **training: object) -> dict:
     return {
-        "name": "e2e-paused",
+        "name": "slow-e2e-paused",
         "base_model": "tiny-llama",
         "dataset": stack.train.id,
         "validation": stack.validation.id,

@@ -144,6 +144,20 @@ class SlowSteps(LoopHooks):
 
 
 @dataclass
+class SlowNamedSteps(LoopHooks):
+    """Every step of a job named ``slow-…`` takes at least ``seconds`` longer, other jobs'
+    none: a test that must act on a run in its middle (pause it) gets a run that lasts,
+    however fast the machine, from a few slow steps rather than from many steps of compute,
+    on a worker the other tests share."""
+
+    seconds: float = 0.2
+
+    def before_step(self, recipe: Recipe, state: TrainState) -> None:
+        if recipe.job.spec.name.startswith("slow-"):
+            time.sleep(self.seconds)
+
+
+@dataclass
 class StallStart(LoopHooks):
     """Each run stalls ``seconds`` before its first step, where nothing polls the cancel flag
     yet: what Ray starting the run and the ranks loading the model cost on a loaded machine
@@ -163,6 +177,7 @@ class StallStart(LoopHooks):
 AGENT_HOOKS: dict[str, type[LoopHooks]] = {
     "perturb_checkpoints": PerturbCheckpoints,
     "slow_steps": SlowSteps,
+    "slow_named_steps": SlowNamedSteps,
     "stall_start": StallStart,
 }
 
