@@ -244,20 +244,19 @@ async def restore(
         await models.update(token, record, revision)
         return record.error
     worker = granted.worker_id
-    saved = record.last_state
-    create = record.create.model_copy(
-        update={
-            "load_key": saved.store_key if saved else None,
-            "load_optimizer": saved is not None,
-        }
-    )
-    since = f"save_state {saved.path} (step {saved.step})" if saved else "its initial weights"
-    step = saved.step if saved else 0
+    saved, create = record.last_state, record.create
+    if saved is not None:  # its latest save_state, optimizer and step
+        create = create.model_copy(update={"load_key": saved.store_key, "load_optimizer": True})
+        since, resumes = f"save_state {saved.path} (step {saved.step})", f"step {saved.step}"
+    elif create.load_key is not None:  # made from a saved state, not saved since
+        since, resumes = "the saved state it was created from", "that state's step"
+    else:
+        since, resumes = "its initial weights", "step 0"
     if moving is None:
         record.restored = (
             f"worker {lost} holding this session was lost; the session is restored on worker "
-            f"{worker} from {since}: calls made after that are lost, training resumes from step "
-            f"{step}"
+            f"{worker} from {since}: calls made after that are lost, training resumes from "
+            f"{resumes}"
         )
     record.worker_id, record.state, record.create = worker, "creating", create
     record.attempt = granted.attempt

@@ -1,0 +1,160 @@
+"""The gateway's restore of a training model off a lost worker (swarm_gateway.tinker.sessions),
+against a real scheduler, registry and nats-server; the workers are heartbeats and a NATS
+subscriber standing in for the worker's session subject.
+
+A model made from a saved state and not saved since is built again from that state, not from
+fresh weights; a model whose own ``create`` was lost moves with its future, which the new
+worker answers and a late reply of the lost one cannot settle."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from nats.aio.msg import Msg
+
+from swarm_contracts.replies import Reply
+from swarm_contracts.sessions import CreateSession, SessionCall, SessionResult
+from swarm_gateway.tinker import sessions
+from swarm_gateway.tinker.calls import Calls
+from swarm_gateway.tinker.records import FutureRecord, ModelRecord, model_token
+from swarm_runtime.records import RecordTable
+from swarm_runtime.rpc import ServiceClient
+from swarm_runtime.settings import Settings
+from swarm_runtime.topology import kv_bucket
+
+from ..scheduler.conftest import Harness, running_harness
+from ..scheduler.test_session_leases import BASE
+
+MODEL_ID = "tsess-0123456789abcdef:train:0"
+TOKEN = model_token(MODEL_ID)
+STATE = "tinker/a/tsess-fedcba9876543210-train-0/weights/best"
+
+
+class Worker:
+    """What reaches a worker's session subject; it answers each call as told."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[SessionCall, Msg]] = []
+
+    async def on_call(self, msg: Msg) -> None:
+        self.calls.append((SessionCall.model_validate_json(msg.data), msg))
+
+    async def answer(self, index: int, step: int = 0) -> None:
+        reply = Reply[SessionResult](ok=True, result=SessionResult(step=step))
+        await self.calls[index][1].respond(reply.model_dump_json().encode())
+
+
+async def tables(h: Harness) -> tuple[RecordTable[ModelRecord], Calls, Any]:
+    models = RecordTable(await kv_bucket(h.js, h.subjects, "tinker_models"), ModelRecord)
+    futures = RecordTable(await kv_bucket(h.js, h.subjects, "tinker_futures"), FutureRecord)
+    calls = Calls(h.nc, h.subjects, futures)
+    await calls.start()
+    gw = SimpleNamespace(scheduler=ServiceClient(h.nc, "scheduler", h.subjects.scheduler))
+    return models, calls, gw
+
+
+async def settled(calls: Calls, request_id: str) -> FutureRecord:
+    for _ in range(100):
+        found = await calls.futures.get(request_id)
+        assert found is not None
+        if found[0].state != "pending":
+            return found[0]
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"future {request_id} never settled")
+
+
+def record(worker: str, attempt: int, create: CreateSession) -> ModelRecord:
+    return ModelRecord(
+        model_id=MODEL_ID,
+        session_id="tsess-0123456789abcdef",
+        tenant="a",
+        worker_id=worker,
+        attempt=attempt,
+        base_model=BASE,
+        base_model_name="tiny",
+        rank=4,
+        create=create,
+    )
+
+
+async def test_a_model_made_from_a_saved_state_is_restored_from_it(
+    settings: Settings, tmp_path: Path
+) -> None:
+    async with running_harness(settings, tmp_path) as h, h.beating("w2", cpus=2):
+        models, calls, gw = await tables(h)
+        w2 = Worker()
+        await h.nc.subscribe(h.subjects.worker_session("w2", "*"), cb=w2.on_call)
+        create = CreateSession(base_model=BASE, rank=4, load_key=STATE, load_optimizer=True)
+        await models.put(TOKEN, record("w1", 1, create))
+        await asyncio.sleep(0.3)  # w2's first heartbeat
+
+        told = await sessions.restore(gw, models, calls, TOKEN, "w1")  # type: ignore[arg-type]
+        assert told is not None
+        assert "restored on worker w2 from the saved state it was created from" in told
+        assert told.endswith("training resumes from that state's step")
+        for _ in range(100):
+            if w2.calls:
+                break
+            await asyncio.sleep(0.05)
+        call = w2.calls[0][0]
+        assert call.op == "create"
+        assert call.create is not None
+        assert (call.create.load_key, call.create.load_optimizer) == (STATE, True)
+        assert call.attempt_token  # what a worker without store keys asks the registry with
+        found = await models.get(TOKEN)
+        assert found is not None
+        assert (found[0].worker_id, found[0].attempt) == ("w2", call.attempt)
+
+
+async def test_a_lost_create_moves_with_its_future_and_a_late_reply_is_not_heard(
+    settings: Settings, tmp_path: Path
+) -> None:
+    async with running_harness(settings, tmp_path) as h:
+        models, calls, gw = await tables(h)
+        async with h.beating("w1", cpus=2):  # the model's first place: w1's, attempt 1
+            await asyncio.sleep(0.3)
+            granted = await sessions.lease(gw, TOKEN, "a", BASE)
+        assert (granted.worker_id, granted.attempt) == ("w1", 1)
+        w1, w2 = Worker(), Worker()
+        await h.nc.subscribe(h.subjects.worker_session("w1", "*"), cb=w1.on_call)
+        await h.nc.subscribe(h.subjects.worker_session("w2", "*"), cb=w2.on_call)
+        await models.put(TOKEN, record("w1", 1, CreateSession(base_model=BASE, rank=4)))
+        first = FutureRecord(
+            request_id=calls.new_id(),
+            tenant="a",
+            model_id=MODEL_ID,
+            worker_id="w1",
+            op="create",
+            deadline=1e12,
+        )
+        call = SessionCall(session=TOKEN, tenant="a", seq_id=0, attempt=1, op="create")
+        await calls.send("w1", call, first)
+
+        # w1 is lost before it built anything (it stopped heartbeating); w2 is alive.
+        async with h.beating("w2", cpus=2):
+            await asyncio.sleep(0.3)
+            moved = await sessions.restore(gw, models, calls, TOKEN, "w1", moving=first)  # type: ignore[arg-type]
+        assert moved is None  # nothing to tell: the client's future is still pending
+        for _ in range(100):
+            if w1.calls and w2.calls:
+                break
+            await asyncio.sleep(0.05)
+        again = w2.calls[0][0]
+        assert again.attempt == 2
+        pending = await calls.futures.get(first.request_id)
+        assert pending is not None
+        assert (pending[0].state, pending[0].worker_id) == ("pending", "w2")
+
+        await w1.answer(0, step=99)  # the lost worker wakes and answers: stale
+        await asyncio.sleep(0.3)
+        assert (await calls.futures.get(first.request_id))[0].state == "pending"  # type: ignore[index]
+        await w2.answer(0, step=0)
+        done = await settled(calls, first.request_id)
+        assert (done.state, done.attempt) == ("done", again.attempt)
+        assert done.result is not None
+        assert done.result.step == 0
+        assert json.loads((await models.get(TOKEN))[0].model_dump_json())["state"] == "ready"  # type: ignore[index]
