@@ -25,6 +25,7 @@ from swarm_runtime.records import RecordTable
 from swarm_runtime.rpc import Refused, ServiceClient
 from swarm_runtime.settings import Settings
 from swarm_runtime.topology import kv_bucket
+from swarm_scheduler.session_leases import WAITING_FORGOTTEN_S
 
 from .conftest import Harness, running_harness
 
@@ -122,6 +123,9 @@ async def test_a_session_waits_for_room_and_says_why(harness: Harness) -> None:
         await asyncio.sleep(0.3)
         with pytest.raises(Refused, match="cluster's own"):
             await place(h, token())
+    # Those two are not asked for again (their clients gave up): forgotten, they take no room
+    # from the worker that comes next (asked for, the scheduler would lease them room there).
+    await asyncio.sleep(WAITING_FORGOTTEN_S + 0.5)
     async with h.beating("w1", cpus=1):
         await h.submit(h.spec(), msg_id="job")
         await h.wait_record(job_id_for("default", "job"), lambda r: r.state == JobState.assigned)
@@ -141,6 +145,64 @@ async def test_a_gpu_worker_s_lane_takes_a_gpu(harness: Harness) -> None:
         await h.submit(h.spec(resources=resources), msg_id="gpu-job")
         waiting = await h.wait_record(job_id_for("default", "gpu-job"), lambda r: r.reason)
         assert waiting.reason == "waiting for 1 CPU, 1 GPU to free up on a worker"
+
+
+async def test_a_waiting_session_takes_freed_room_before_a_job_queued_after_it(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """Fair order, not a race: the room a job frees goes to the session that has waited
+    longer than the next queued job, leased by the scheduler's own pass (the gateway, which
+    asks every second, finds the lease), not to whichever asks first. (A quick cancel: the
+    session's last ask must be under 3 s old when the room frees, as a gateway's always is.)"""
+    quick = running_harness(settings, tmp_path, cancel_grace_s=0.5)
+    async with quick as h, h.beating("w1", cpus=1):
+        await asyncio.sleep(0.3)
+        await h.submit(h.spec(), msg_id="first")
+        first = job_id_for("default", "first")
+        await h.wait_record(first, lambda r: r.state == JobState.assigned)
+        session = token()
+        with pytest.raises(Refused):
+            await place(h, session, tenant="default")  # waits from now
+        await h.submit(h.spec(), msg_id="second")
+        second = job_id_for("default", "second")
+        await h.wait_record(second, lambda r: r.state == JobState.queued)
+        with pytest.raises(Refused):
+            await place(h, session, tenant="default")  # still asking, as a gateway does
+        await h.cancel(first)
+        lease = await wait_lease(h, session, lambda lease: lease.state == "held")
+        assert (lease.worker_id, lease.attempt) == ("w1", 1)
+        await asyncio.sleep(1.5)  # placement passes: the job stays behind the session
+        found = await h.wait_record(second, lambda r: r.reason is not None)
+        assert found.state == JobState.queued
+        assert await place(h, session, tenant="default") == lease  # the gateway's next ask
+        await asyncio.sleep(WAITING_FORGOTTEN_S + 1)
+        kept = await (await leases(h)).get(session)
+        assert kept is not None
+        assert kept[0].state == "held"  # taken by its gateway: it stays
+
+
+async def test_room_leased_to_a_waiting_session_its_gateway_never_takes_is_freed(
+    settings: Settings, tmp_path: Path
+) -> None:
+    quick = running_harness(settings, tmp_path, cancel_grace_s=0.5)
+    async with quick as h, h.beating("w1", cpus=1):
+        await asyncio.sleep(0.3)
+        await h.submit(h.spec(), msg_id="first")
+        first = job_id_for("default", "first")
+        await h.wait_record(first, lambda r: r.state == JobState.assigned)
+        session = token()
+        with pytest.raises(Refused):
+            await place(h, session, tenant="default")
+        await h.submit(h.spec(), msg_id="second")
+        await h.cancel(first)
+        await wait_lease(h, session, lambda lease: lease.state == "held")
+        # Its client left while it waited: nobody asks for it again.
+        ended = await wait_lease(h, session, lambda lease: lease.state == "ended")
+        assert ended.reason == "leased while it waited, but its gateway did not take it"
+        second = job_id_for("default", "second")
+        assert (
+            await h.wait_record(second, lambda r: r.state == JobState.assigned)
+        ).worker_id == "w1"
 
 
 async def test_sessions_count_against_the_tenant_limit(settings: Settings, tmp_path: Path) -> None:

@@ -75,6 +75,30 @@ class FairQueue:
                     del tenants[tenant]
                 yield job
 
+    def rank(
+        self, tenant: str, since: datetime, name: str, priority: int = 0
+    ) -> tuple[object, ...]:
+        """Where work of ``tenant`` waiting since ``since`` stands in this order (lower comes
+        first): how a training session waiting for room is weighed against the queued jobs."""
+        return (
+            -priority,
+            self.running[tenant],
+            self._served_now.get(tenant, 0),
+            self.last_served.get(tenant, _NEVER),
+            since,
+            name,
+        )
+
+    def head_rank(self) -> tuple[object, ...] | None:
+        """The rank of the job this queue serves first (None: no job is queued)."""
+        if not self.levels:
+            return None
+        priority = max(self.levels)
+        return min(
+            self.rank(tenant, jobs[0].created_at, jobs[0].job_id, priority)
+            for tenant, jobs in self.levels[priority].items()
+        )
+
     def over_limit(self, job: JobRecord) -> str | None:
         """Why ``job`` must wait for its tenant's other jobs, or None."""
         if self.max_running and self.running[job.tenant] >= self.max_running:

@@ -66,8 +66,9 @@ from swarm_scheduler.leases import LeaseBook, LeaseClock, overdue
 from swarm_scheduler.metrics import SchedulerMetrics
 from swarm_scheduler.parents import resolve_fork, resolve_parent
 from swarm_scheduler.placement import HOLDING, plan
+from swarm_scheduler.queue_policy import FairQueue
 from swarm_scheduler.registry_client import UnknownModel, model_ref, resolve_model
-from swarm_scheduler.session_leases import SessionLeases
+from swarm_scheduler.session_leases import SESSION_PRIORITY, SessionLeases, Waiting
 from swarm_scheduler.settings import SchedulerSettings
 from swarm_scheduler.transitions import (
     apply_event,
@@ -634,17 +635,7 @@ class Scheduler:
     async def place_session(self, request: PlaceSession) -> SessionLease:
         """Lease a worker's room to a training session (or to its next attempt, off ``avoid``)."""
         self._leader_only()
-        jobs = self.view.open.values()
-        tenant_jobs = Counter(j.tenant for j in jobs if j.worker_id and j.state in HOLDING)
-        lease = await self.sessions.place(
-            request,
-            self.workers.pool(),
-            self.view.held,
-            tenant_jobs,
-            self.settings.tenant_max_running,
-            self.workers.held_back(),
-            providers=self.settings.sessions_on_providers,
-        )
+        lease = await self._lease_session(request)
         log.info(
             "training session %s (attempt %d) placed on %s",
             lease.session,
@@ -652,6 +643,47 @@ class Scheduler:
             lease.worker_id,
         )
         return lease
+
+    async def _lease_session(self, request: PlaceSession, asked: bool = True) -> SessionLease:
+        jobs = self.view.open.values()
+        tenant_jobs = Counter(j.tenant for j in jobs if j.worker_id and j.state in HOLDING)
+        return await self.sessions.place(
+            request,
+            self.workers.pool(),
+            self.view.held,
+            tenant_jobs,
+            self.settings.tenant_max_running,
+            self.workers.held_back(),
+            providers=self.settings.sessions_on_providers,
+            asked=asked,
+        )
+
+    async def _place_waiting_sessions(self, queued: list[JobRecord], jobs: list[JobRecord]) -> None:
+        """Training sessions waiting for room take it in the fair order of the queued jobs
+        (their tenant's running work, then who was served longest ago, then since when they
+        wait): one ahead of the first queued job is leased room now, before the jobs' pass
+        can fill it, and its gateway finds the lease when it next asks (each second)."""
+        waiting = self.sessions.waiting_now()
+        if not waiting:
+            return
+        queue = FairQueue(queued, jobs, self.settings.tenant_max_running, self.sessions.running())
+        head = queue.head_rank()
+
+        def rank(w: Waiting) -> tuple[object, ...]:
+            return queue.rank(w.request.tenant, w.since, w.request.session, SESSION_PRIORITY)
+
+        for w in sorted(waiting, key=rank):
+            if head is not None and rank(w) > head:
+                break
+            with contextlib.suppress(Refused):
+                lease = await self._lease_session(w.request, asked=False)
+                log.info(
+                    "training session %s (attempt %d), waiting since %s, placed on %s",
+                    lease.session,
+                    lease.attempt,
+                    w.since.isoformat(),
+                    lease.worker_id,
+                )
 
     async def release_session(self, request: ReleaseSession) -> SessionLease:
         self._leader_only()
@@ -741,6 +773,7 @@ class Scheduler:
     async def place(self) -> None:
         jobs = list(self.view.open.values())
         queued = [j for j in jobs if j.state == JobState.queued and not j.cancel_requested]
+        await self._place_waiting_sessions(queued, jobs)
         if not queued:
             return
         result = plan(

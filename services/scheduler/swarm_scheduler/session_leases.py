@@ -21,8 +21,10 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import datetime
 
-from swarm_contracts.jobs import utcnow
+from swarm_contracts.jobs import JobSpec, utcnow
 from swarm_contracts.sessions import (
     HeldSession,
     PlaceSession,
@@ -40,6 +42,24 @@ from swarm_scheduler.placement import Capacity, Pool, held_back_text
 SESSION_CPUS = 1
 
 
+# A waiting session whose gateway has not asked again for this long (it asks every second) is
+# given up, and a lease the scheduler made for a waiting session that its gateway has not
+# taken in this long ends.
+WAITING_FORGOTTEN_S = 3.0
+# Where a waiting session stands among queued jobs of equal fair share: as a job of the default
+# priority.
+SESSION_PRIORITY: int = JobSpec.model_fields["priority"].default
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """A session refused room: its request, and when it was first refused and last asked."""
+
+    request: PlaceSession
+    since: datetime
+    asked: float
+
+
 def demand(worker: WorkerInfo) -> Capacity:
     return Capacity(SESSION_CPUS, 1 if worker.resources.gpus else 0)
 
@@ -53,6 +73,12 @@ class SessionLeases:
         # process first saw the lease): a lease ends when that is assign_timeout_s old.
         self._listed: dict[str, tuple[int, float]] = {}
         self._table: RecordTable[SessionLease] | None = None
+        # Sessions refused for want of room, by session: the request, when it was first
+        # refused (its place in the fair order beside queued jobs), and when last asked.
+        self.waiting: dict[str, Waiting] = {}
+        # Leases the scheduler made for waiting sessions that their gateway has not asked for
+        # since: session -> when leased.
+        self.unclaimed: dict[str, float] = {}
 
     @property
     def table(self) -> RecordTable[SessionLease]:
@@ -102,11 +128,50 @@ class SessionLeases:
         max_running: int = 0,
         held_back: Iterable[WorkerInfo] = (),
         providers: bool = False,
+        asked: bool = True,
     ) -> SessionLease:
         """Lease room for the session on a fitting worker (of the cluster's own unless
         ``providers``: a provider's is granted the session's store access with the request's
         token), ending its lease on ``avoid`` (moving it). Refused (``conflict``, with why)
-        while nothing fits or its tenant is at its limit: the caller asks again later."""
+        while nothing fits or its tenant is at its limit: the caller asks again later, and
+        meanwhile the session is ``waiting`` (the scheduler may lease it room before it asks
+        again: ``asked`` False, the scheduler's own try, which keeps it no longer waiting)."""
+        try:
+            lease = await self._place(
+                request, workers, jobs_used, tenant_running, max_running, held_back, providers
+            )
+        except Refused:
+            waited = self.waiting.get(request.session)
+            if asked:
+                since = waited.since if waited is not None else utcnow()
+                self.waiting[request.session] = Waiting(request, since, self.clock())
+            raise
+        self.waiting.pop(request.session, None)
+        if asked:
+            self.unclaimed.pop(request.session, None)
+        elif lease.session not in self.unclaimed:
+            self.unclaimed[lease.session] = self.clock()
+        return lease
+
+    def waiting_now(self) -> list[Waiting]:
+        """The sessions waiting for room whose gateway still asks (it asks every second; one
+        that stopped, its client gone, is forgotten)."""
+        now = self.clock()
+        for session, waited in list(self.waiting.items()):
+            if now - waited.asked > WAITING_FORGOTTEN_S or session in self.held:
+                del self.waiting[session]
+        return list(self.waiting.values())
+
+    async def _place(
+        self,
+        request: PlaceSession,
+        workers: Pool,
+        jobs_used: dict[str, Capacity],
+        tenant_running: Counter[str],
+        max_running: int,
+        held_back: Iterable[WorkerInfo],
+        providers: bool,
+    ) -> SessionLease:
         current = self.held.get(request.session)
         if current is not None:
             if current[0].worker_id != request.avoid:
@@ -214,6 +279,7 @@ class SessionLeases:
         gateway reads why and the next placement takes the next attempt."""
         current = self.held.pop(session, None)
         self._listed.pop(session, None)
+        self.unclaimed.pop(session, None)
         if current is None:
             return None
         lease, revision = current
@@ -231,9 +297,14 @@ class SessionLeases:
                 self._listed[s.session] = (s.attempt, now)
 
     def lapsed(self, now: float, alive: Callable[[str], bool]) -> list[tuple[str, str]]:
-        """The held leases to end, with why: their worker is gone, or stopped listing them."""
+        """The held leases to end, with why: their worker is gone, or stopped listing them, or
+        the scheduler leased them while they waited and their gateway never took them."""
         out = []
         for session, (lease, _) in self.held.items():
+            leased = self.unclaimed.get(session)
+            if leased is not None and now - leased > WAITING_FORGOTTEN_S:
+                out.append((session, "leased while it waited, but its gateway did not take it"))
+                continue
             if not alive(lease.worker_id):
                 out.append((session, f"worker {lease.worker_id} was lost"))
                 continue
