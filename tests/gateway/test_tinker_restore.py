@@ -158,3 +158,42 @@ async def test_a_lost_create_moves_with_its_future_and_a_late_reply_is_not_heard
         assert done.result is not None
         assert done.result.step == 0
         assert json.loads((await models.get(TOKEN))[0].model_dump_json())["state"] == "ready"  # type: ignore[index]
+
+
+async def test_a_lost_create_with_no_other_worker_free_waits_for_one(
+    settings: Settings, tmp_path: Path
+) -> None:
+    async with running_harness(settings, tmp_path) as h:
+        models, calls, gw = await tables(h)
+        async with h.beating("w1", cpus=2):
+            await asyncio.sleep(0.3)
+            await sessions.lease(gw, TOKEN, "a", BASE)
+        await models.put(TOKEN, record("w1", 1, CreateSession(base_model=BASE, rank=4)))
+        first = FutureRecord(
+            request_id=calls.new_id(),
+            tenant="a",
+            model_id=MODEL_ID,
+            worker_id="w1",
+            op="create",
+            deadline=1e12,
+        )
+        await calls.send("w1", SessionCall(session=TOKEN, tenant="a", seq_id=0, op="create"), first)
+
+        # No worker but the lost one: the create waits for room, as a new model's does.
+        assert await sessions.restore(gw, models, calls, TOKEN, "w1", moving=first) is None  # type: ignore[arg-type]
+        waiting = await calls.futures.get(first.request_id)
+        assert waiting is not None
+        assert (waiting[0].state, waiting[0].worker_id) == ("pending", None)
+        assert waiting[0].waiting
+        assert (await models.get(TOKEN))[0].state == "queued"  # type: ignore[index]
+        w2 = Worker()
+        await h.nc.subscribe(h.subjects.worker_session("w2", "*"), cb=w2.on_call)
+        async with h.beating("w2", cpus=2):
+            for _ in range(100):
+                if w2.calls:
+                    break
+                await asyncio.sleep(0.1)
+            assert w2.calls, "the waiting create never reached the worker that came"
+            await w2.answer(0)
+            done = await settled(calls, first.request_id)
+        assert (done.state, done.worker_id, done.attempt) == ("done", "w2", 2)

@@ -121,7 +121,7 @@ class Calls:
         request_id, attempt = msg.subject.rsplit(".", 2)[-2:]
         try:
             await self._settle(request_id, int(attempt), msg)
-        except Exception:  # a reply must never take the subscription down
+        except Exception:  # a reply (even to a made-up subject) must never take the sub down
             log.exception("could not settle the future %s", request_id)
 
     async def _settle(self, request_id: str, attempt: int, msg: Msg) -> None:

@@ -223,7 +223,7 @@ async def restore(
 
     ``moving`` is the model's own ``create`` call, lost before it built anything: nothing is
     lost but time, so that call itself moves (its future stays pending, answered by the other
-    worker; None is returned), or fails with why it cannot."""
+    worker; None is returned), waiting for room as a new model does where none is free now."""
     found = await models.get(token)
     if found is None:
         return f"worker {lost} holding this session was lost"
@@ -237,6 +237,9 @@ async def restore(
     try:
         granted = await lease(gw, token, record.tenant, record.create.base_model, avoid=lost)
     except (NoRoom, Refused, Unavailable) as exc:
+        if moving is not None and isinstance(exc, NoRoom):
+            await _wait_again(gw, models, calls, record, revision, moving, str(exc))
+            return None
         record.state = "failed"
         record.error = (
             f"worker {lost} holding this model was lost, and no other can hold it now ({exc})"
@@ -290,3 +293,29 @@ async def restore(
         )
     await calls.send(worker, call, future, built(models, token))
     return record.restored if moving is None else None
+
+
+async def _wait_again(
+    gw: Gateway,
+    models: RecordTable[ModelRecord],
+    calls: Calls,
+    record: ModelRecord,
+    revision: int,
+    future: FutureRecord,
+    why: str,
+) -> None:
+    """A ``create`` lost with its worker while no other has room: it waits for room as a new
+    model's does (queued, its future answering ``paused_capacity``)."""
+    assert record.create is not None
+    token = model_token(record.model_id)
+    record.worker_id, record.state = "", "queued"
+    await models.update(token, record, revision)  # a concurrent restore fails here: one wins
+    deadline = utcnow().timestamp() + CALL_TIMEOUT_S
+    future = future.model_copy(update={"worker_id": None, "waiting": why, "deadline": deadline})
+    await calls.futures.put(future.request_id, future)
+    calls.expect(future.request_id)
+    log.warning("training model %s: its worker was lost building it; waiting: %s", token, why)
+    call = SessionCall(
+        session=token, tenant=record.tenant, seq_id=0, op="create", create=record.create
+    )
+    wait_for_room(gw, models, calls, call, future, why)
