@@ -59,11 +59,13 @@ async def test_the_tenant_limit_holds_a_tenant_s_extra_jobs(
             await h.submit(h.spec(), msg_id=f"a-{i}", tenant="a")
         first, second = job_id_for("a", "a-0"), job_id_for("a", "a-1")
         await h.wait_record(second, lambda r: r.state == JobState.queued)
-        await h.heartbeat("w1", cpus=4)
-        await h.wait_record(first, lambda r: r.state == JobState.assigned)
-        waiting = await h.wait_record(
-            second, lambda r: r.reason is not None and "limit" in r.reason
-        )
+        # Beating throughout: the second job's reason is written only after it has waited a
+        # moment, and a worker heard once would be lost (1.5 s) before that on a loaded machine.
+        async with h.beating("w1", cpus=4):
+            await h.wait_record(first, lambda r: r.state == JobState.assigned)
+            waiting = await h.wait_record(
+                second, lambda r: r.reason is not None and "limit" in r.reason
+            )
         assert waiting.reason == "tenant a is at its limit of 1 running job"
 
 
