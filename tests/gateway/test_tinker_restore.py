@@ -9,7 +9,6 @@ worker answers and a late reply of the lost one cannot settle."""
 from __future__ import annotations
 
 import asyncio
-import json
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -67,6 +66,28 @@ async def settled(calls: Calls, request_id: str) -> FutureRecord:
     raise AssertionError(f"future {request_id} never settled")
 
 
+async def create_on_w1(
+    h: Harness, models: RecordTable[ModelRecord], calls: Calls, gw: Any
+) -> FutureRecord:
+    """The model placed on w1 (its lease's attempt 1, while w1 beat) and its ``create`` sent
+    there, pending: w1 then stops heartbeating."""
+    async with h.beating("w1", cpus=2):
+        await asyncio.sleep(0.3)
+        granted = await sessions.lease(gw, TOKEN, "a", BASE)
+    assert (granted.worker_id, granted.attempt) == ("w1", 1)
+    await models.put(TOKEN, record("w1", 1, CreateSession(base_model=BASE, rank=4)))
+    first = FutureRecord(
+        request_id=calls.new_id(),
+        tenant="a",
+        model_id=MODEL_ID,
+        worker_id="w1",
+        op="create",
+        deadline=1e12,
+    )
+    await calls.send("w1", SessionCall(session=TOKEN, tenant="a", seq_id=0, op="create"), first)
+    return first
+
+
 def record(worker: str, attempt: int, create: CreateSession) -> ModelRecord:
     return ModelRecord(
         model_id=MODEL_ID,
@@ -115,24 +136,10 @@ async def test_a_lost_create_moves_with_its_future_and_a_late_reply_is_not_heard
 ) -> None:
     async with running_harness(settings, tmp_path) as h:
         models, calls, gw = await tables(h)
-        async with h.beating("w1", cpus=2):  # the model's first place: w1's, attempt 1
-            await asyncio.sleep(0.3)
-            granted = await sessions.lease(gw, TOKEN, "a", BASE)
-        assert (granted.worker_id, granted.attempt) == ("w1", 1)
         w1, w2 = Worker(), Worker()
         await h.nc.subscribe(h.subjects.worker_session("w1", "*"), cb=w1.on_call)
         await h.nc.subscribe(h.subjects.worker_session("w2", "*"), cb=w2.on_call)
-        await models.put(TOKEN, record("w1", 1, CreateSession(base_model=BASE, rank=4)))
-        first = FutureRecord(
-            request_id=calls.new_id(),
-            tenant="a",
-            model_id=MODEL_ID,
-            worker_id="w1",
-            op="create",
-            deadline=1e12,
-        )
-        call = SessionCall(session=TOKEN, tenant="a", seq_id=0, attempt=1, op="create")
-        await calls.send("w1", call, first)
+        first = await create_on_w1(h, models, calls, gw)
 
         # w1 is lost before it built anything (it stopped heartbeating); w2 is alive.
         async with h.beating("w2", cpus=2):
@@ -157,7 +164,7 @@ async def test_a_lost_create_moves_with_its_future_and_a_late_reply_is_not_heard
         assert (done.state, done.attempt) == ("done", again.attempt)
         assert done.result is not None
         assert done.result.step == 0
-        assert json.loads((await models.get(TOKEN))[0].model_dump_json())["state"] == "ready"  # type: ignore[index]
+        assert (await models.get(TOKEN))[0].state == "ready"  # type: ignore[index]
 
 
 async def test_a_lost_create_with_no_other_worker_free_waits_for_one(
@@ -165,19 +172,7 @@ async def test_a_lost_create_with_no_other_worker_free_waits_for_one(
 ) -> None:
     async with running_harness(settings, tmp_path) as h:
         models, calls, gw = await tables(h)
-        async with h.beating("w1", cpus=2):
-            await asyncio.sleep(0.3)
-            await sessions.lease(gw, TOKEN, "a", BASE)
-        await models.put(TOKEN, record("w1", 1, CreateSession(base_model=BASE, rank=4)))
-        first = FutureRecord(
-            request_id=calls.new_id(),
-            tenant="a",
-            model_id=MODEL_ID,
-            worker_id="w1",
-            op="create",
-            deadline=1e12,
-        )
-        await calls.send("w1", SessionCall(session=TOKEN, tenant="a", seq_id=0, op="create"), first)
+        first = await create_on_w1(h, models, calls, gw)
 
         # No worker but the lost one: the create waits for room, as a new model's does.
         assert await sessions.restore(gw, models, calls, TOKEN, "w1", moving=first) is None  # type: ignore[arg-type]

@@ -306,6 +306,21 @@ SESSION = "tsess-0123456789abcdef-train-0"
 OTHER_SESSION = "tsess-fedcba9876543210-train-3"
 
 
+def held_lease(worker: str, base: ModelRef, token: str) -> SessionLease:
+    """SESSION's lease as the scheduler writes it: tenant acme, attempt 2, on ``worker``, the
+    digest of ``token`` (the one its ``create`` call gave the worker)."""
+    return SessionLease(
+        session=SESSION,
+        tenant="acme",
+        worker_id=worker,
+        attempt=2,
+        cpus=1,
+        gpus=0,
+        base_model=base,
+        attempt_token_sha256=token_digest(token),
+    )
+
+
 async def test_a_training_sessions_attempt_reads_its_tenants_saves_and_writes_its_own(
     signer: tuple[Signer, S3Store, Jobs],
 ) -> None:
@@ -316,15 +331,8 @@ async def test_a_training_sessions_attempt_reads_its_tenants_saves_and_writes_it
     leases = RecordTable(
         await kv_bucket(ask.nc.jetstream(), ask.subjects, "session_leases"), SessionLease
     )
-    lease = SessionLease(
-        session=SESSION,
-        tenant="acme",
-        worker_id="w",
-        attempt=2,
-        cpus=1,
-        gpus=0,
-        base_model=ModelRef(name="tiny", version=1, store_key=MODEL, digest="d"),
-        attempt_token_sha256=token_digest("token-s"),
+    lease = held_lease(
+        "w", ModelRef(name="tiny", version=1, store_key=MODEL, digest="d"), "token-s"
     )
     await leases.put(SESSION, lease)
     theirs = f"tinker/acme/{OTHER_SESSION}/state/step-000004/adapter_model.safetensors"

@@ -147,6 +147,22 @@ async def test_a_gpu_worker_s_lane_takes_a_gpu(harness: Harness) -> None:
         assert waiting.reason == "waiting for 1 CPU, 1 GPU to free up on a worker"
 
 
+async def waiting_behind_a_job(h: Harness) -> tuple[str, str, str]:
+    """On a 1-CPU worker: job ``first`` holds the CPU, a session asks (refused: it waits from
+    now), then job ``second`` is queued behind it. The session and both job ids."""
+    await asyncio.sleep(0.3)
+    await h.submit(h.spec(), msg_id="first")
+    first = job_id_for("default", "first")
+    await h.wait_record(first, lambda r: r.state == JobState.assigned)
+    session = token()
+    with pytest.raises(Refused):
+        await place(h, session, tenant="default")
+    await h.submit(h.spec(), msg_id="second")
+    second = job_id_for("default", "second")
+    await h.wait_record(second, lambda r: r.state == JobState.queued)
+    return session, first, second
+
+
 async def test_a_waiting_session_takes_freed_room_before_a_job_queued_after_it(
     settings: Settings, tmp_path: Path
 ) -> None:
@@ -156,16 +172,7 @@ async def test_a_waiting_session_takes_freed_room_before_a_job_queued_after_it(
     session's last ask must be under 3 s old when the room frees, as a gateway's always is.)"""
     quick = running_harness(settings, tmp_path, cancel_grace_s=0.5)
     async with quick as h, h.beating("w1", cpus=1):
-        await asyncio.sleep(0.3)
-        await h.submit(h.spec(), msg_id="first")
-        first = job_id_for("default", "first")
-        await h.wait_record(first, lambda r: r.state == JobState.assigned)
-        session = token()
-        with pytest.raises(Refused):
-            await place(h, session, tenant="default")  # waits from now
-        await h.submit(h.spec(), msg_id="second")
-        second = job_id_for("default", "second")
-        await h.wait_record(second, lambda r: r.state == JobState.queued)
+        session, first, second = await waiting_behind_a_job(h)
         with pytest.raises(Refused):
             await place(h, session, tenant="default")  # still asking, as a gateway does
         await h.cancel(first)
@@ -186,20 +193,12 @@ async def test_room_leased_to_a_waiting_session_its_gateway_never_takes_is_freed
 ) -> None:
     quick = running_harness(settings, tmp_path, cancel_grace_s=0.5)
     async with quick as h, h.beating("w1", cpus=1):
-        await asyncio.sleep(0.3)
-        await h.submit(h.spec(), msg_id="first")
-        first = job_id_for("default", "first")
-        await h.wait_record(first, lambda r: r.state == JobState.assigned)
-        session = token()
-        with pytest.raises(Refused):
-            await place(h, session, tenant="default")
-        await h.submit(h.spec(), msg_id="second")
+        session, first, second = await waiting_behind_a_job(h)
         await h.cancel(first)
         await wait_lease(h, session, lambda lease: lease.state == "held")
         # Its client left while it waited: nobody asks for it again.
         ended = await wait_lease(h, session, lambda lease: lease.state == "ended")
         assert ended.reason == "leased while it waited, but its gateway did not take it"
-        second = job_id_for("default", "second")
         assert (
             await h.wait_record(second, lambda r: r.state == JobState.assigned)
         ).worker_id == "w1"

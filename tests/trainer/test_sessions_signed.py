@@ -11,7 +11,6 @@ import nats
 import pytest
 
 from swarm_contracts.jobs import ModelRef
-from swarm_contracts.providers import token_digest
 from swarm_contracts.sessions import (
     AdamStep,
     CreateSession,
@@ -31,10 +30,9 @@ from swarm_trainer.sessions_host import SessionHost
 from swarm_trainer.signed_store import SignedAccess, SignedStore
 
 from ..conftest import S3Server
-from ..registry.test_store_access import s3_settings
+from ..registry.test_store_access import SESSION, held_lease, s3_settings
 from .conftest import put_model
 
-SESSION = "tsess-0123456789abcdef-train-0"
 TOKEN = "the-lease-attempts-token"
 
 
@@ -59,17 +57,7 @@ async def stack(
         s = Subjects(settings.namespace)
         await ensure_topology(nc.jetstream(), s)
         leases = RecordTable(await kv_bucket(nc.jetstream(), s, "session_leases"), SessionLease)
-        lease = SessionLease(
-            session=SESSION,
-            tenant="acme",
-            worker_id="w-p",
-            attempt=2,
-            cpus=1,
-            gpus=0,
-            base_model=base,
-            attempt_token_sha256=token_digest(TOKEN),
-        )
-        await leases.put(SESSION, lease)
+        await leases.put(SESSION, held_lease("w-p", base, TOKEN))
         await registry.start()
         yield Stack(store, base, leases)
     finally:
