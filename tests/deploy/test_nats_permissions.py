@@ -23,6 +23,7 @@ from swarm_contracts.sessions import PLACE_SESSION, RELEASE_SESSION, PlaceSessio
 from swarm_contracts.subjects import Subjects
 from swarm_contracts.workers import Heartbeat, Resources, WorkerBenchmark
 from swarm_gateway import create_app
+from swarm_gateway.tinker.calls import Calls
 from swarm_runtime.settings import Settings
 
 from ..conftest import free_port, nats_server_binary, wait_for_port
@@ -317,6 +318,19 @@ async def test_services_work_and_are_fenced(secured_nats: str, tmp_path: Path) -
         assert (await cancels.next_msg(timeout=5)).subject == "swarm.inference.requests.r1.cancel"
         await inference.publish("swarm.inference.workers.i1.heartbeat", b"{}")
         assert (await beats.next_msg(timeout=5)).subject == "swarm.inference.workers.i1.heartbeat"
+        # Gateway -> gateway: one pings another's inbox (is it alive? its Tinker futures are
+        # adopted when it is not), as two gateways of the shipped config.
+        other, other_errors = await connect(secured_nats, "gateway")
+        futures = app.state.tinker.futures
+        subjects = Subjects()
+        pinging, pinged = Calls(gateway, subjects, futures), Calls(other, subjects, futures)
+        await pinging.start()
+        await pinged.start()
+        assert await pinging.answers(pinged.inbox)
+        await pinged.stop()
+        assert not await pinging.answers(pinged.inbox)
+        await other.close()
+        assert not other_errors
         assert not gateway_errors
         assert not inference_errors
         try:

@@ -1,6 +1,7 @@
 """A Tinker training session outlives the worker that holds it: kill -9 that worker and the
 session is built again on the other one from its latest save_state, the call that was lost
-says so (and from which step training resumes), and the loop goes on (docs/tinker.md)."""
+says so (and from which step training resumes), and the loop goes on (docs/tinker.md). It
+outlives its gateway too: a call in flight when the gateway dies is answered through the next."""
 
 from __future__ import annotations
 
@@ -88,7 +89,7 @@ def _session(procs: Procs) -> tuple[tinker.ServiceClient, tinker.TrainingClient]
     return service, training
 
 
-def test_a_killed_workers_session_is_restored_on_another_from_its_saved_state(
+def test_a_session_outlives_a_killed_worker_and_a_killed_gateway(
     procs: Procs,
 ) -> None:
     service, training = _session(procs)
@@ -117,7 +118,43 @@ def test_a_killed_workers_session_is_restored_on_another_from_its_saved_state(
     assert logprobs(training) == pytest.approx(at_two, abs=1e-6)
     _step(training)
     assert logprobs(training) != pytest.approx(at_two, abs=1e-6)
+
+    # The gateway dies with a call in flight (a rolling restart): the worker's answer goes to
+    # the dead gateway's inbox; the next gateway adopts the future and asks for it again.
+    procs.kill(other, signal.SIGSTOP)  # the call waits at the worker while the gateway dies
+    try:
+        in_flight = training.forward_backward([datum()], "cross_entropy")
+        _wait_pending(procs, "forward_backward")
+        procs.kill("gateway")
+    finally:
+        procs.kill(other, signal.SIGCONT)
+    procs.start("gateway2", "gateway")  # on the same port, a new inbox
+    assert in_flight.result(timeout=120).loss_fn_outputs
+    assert "adopted from the dead gateway" in (procs.root / "logs" / "gateway2.log").read_text()
+    _step(training)
     service.close("success").result(timeout=60)  # no heartbeats left behind
+
+
+def _wait_pending(procs: Procs, op: str) -> None:
+    """Until a call ``op`` is pending in the futures bucket (sent to its worker)."""
+
+    async def wait() -> None:
+        nc = await nats.connect(procs.nats.url)
+        try:
+            bucket = Subjects(procs.namespace).bucket("tinker_futures")
+            kv = await nc.jetstream().key_value(bucket)
+            for _ in range(500):
+                for key in await kv.keys():
+                    entry = await kv.get(key)
+                    future = json.loads(entry.value or b"{}")
+                    if future.get("op") == op and future.get("state") == "pending":
+                        return
+                await asyncio.sleep(0.02)
+            raise AssertionError(f"no {op} call was ever pending")
+        finally:
+            await nc.close()
+
+    asyncio.run(wait())
 
 
 def test_a_frozen_workers_create_moves_and_a_call_in_flight_fails_once_it_is_lost(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -186,6 +187,34 @@ async def test_a_waiting_session_takes_freed_room_before_a_job_queued_after_it(
         kept = await (await leases(h)).get(session)
         assert kept is not None
         assert kept[0].state == "held"  # taken by its gateway: it stays
+
+
+async def test_an_adopted_wait_keeps_its_place_in_the_fair_order(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """A gateway that adopts a dead gateway's wait asks with the model's first ask's time: its
+    first ask here comes after job ``second`` was queued, yet the model stands ahead of it."""
+    quick = running_harness(settings, tmp_path, cancel_grace_s=0.5)
+    async with quick as h, h.beating("w1", cpus=1):
+        await asyncio.sleep(0.3)
+        await h.submit(h.spec(), msg_id="first")
+        first = job_id_for("default", "first")
+        await h.wait_record(first, lambda r: r.state == JobState.assigned)
+        await h.submit(h.spec(), msg_id="second")
+        second = job_id_for("default", "second")
+        await h.wait_record(second, lambda r: r.state == JobState.queued)
+        session = token()
+        since = datetime.now(UTC) - timedelta(minutes=5)
+        request = PlaceSession(
+            session=session, tenant="default", base_model=BASE, waiting_since=since
+        )
+        with pytest.raises(Refused):
+            await scheduler(h).call(PLACE_SESSION, request)
+        await h.cancel(first)
+        lease = await wait_lease(h, session, lambda lease: lease.state == "held")
+        assert lease.worker_id == "w1"
+        found = await h.wait_record(second, lambda r: r.reason is not None)
+        assert found.state == JobState.queued
 
 
 async def test_room_leased_to_a_waiting_session_its_gateway_never_takes_is_freed(

@@ -1,6 +1,6 @@
 """The worker's side of a training session's lease (swarm_trainer.sessions_host): it lists what
-it holds, refuses calls of another attempt, and writes a save only while the scheduler says the
-attempt is still its own."""
+it holds, refuses calls of another attempt, writes a save only while the scheduler says the
+attempt is still its own, and answers a call again from the last answers it keeps."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from swarm_contracts.jobs import ModelRef
-from swarm_contracts.sessions import CreateSession, HeldSession, SessionCall
+from swarm_contracts.sessions import CreateSession, HeldSession, SessionCall, SessionResult
 from swarm_runtime.rpc import Refused
 from swarm_runtime.store import LocalStore
 from swarm_trainer.session import TrainingSession
-from swarm_trainer.sessions_host import Held, SessionHost
+from swarm_trainer.sessions_host import ANSWERS_KEPT, Held, SessionHost
 from swarm_trainer.tiny_model import create_tiny_model
 
 SESSION = "tsess-0123456789abcdef-train-0"
@@ -84,3 +84,40 @@ async def test_a_save_after_the_session_moved_on_writes_nothing(
     assert fenced.value.code == "forbidden"
     assert not store.list("tinker/")
     assert SESSION not in h.held  # let go: its model's memory is freed
+
+
+async def test_a_call_is_answered_again_from_the_kept_answers(
+    host: tuple[SessionHost, dict[str, bool], LocalStore],
+) -> None:
+    """A gateway that adopted a dead one's future asks for the call's answer again: the same
+    answer, not a second run (the store holds one save), and a refusal stays a refusal."""
+    h, _, store = host
+    saved = await h.call(call(3, attempt=2))
+    with pytest.raises(Refused, match="no path"):
+        await h.call(call(4, attempt=2, op="load_state").model_copy(update={"store_key": None}))
+    keys = store.list("tinker/")
+
+    again = await h.call(call(3, attempt=2, op="answer_again"))
+    assert again == saved
+    assert store.list("tinker/") == keys
+    with pytest.raises(Refused, match="no path"):
+        await h.call(call(4, attempt=2, op="answer_again"))
+    info = await h.call(call(0, attempt=2, op="answer_again"))  # the create: the model's info
+    assert info.model_info == h.held[SESSION].session.info().model_info  # type: ignore[attr-defined]
+    with pytest.raises(Refused, match="keeps no answer to it") as none:
+        await h.call(call(9, attempt=2, op="answer_again"))
+    assert none.value.code == "internal"
+    with pytest.raises(Refused, match="not this worker's"):
+        await h.call(call(3, attempt=1, op="answer_again"))
+
+
+async def test_only_the_last_answers_are_kept(
+    host: tuple[SessionHost, dict[str, bool], LocalStore],
+) -> None:
+    h, _, _ = host
+    held = h.held[SESSION]
+    for seq in range(1, ANSWERS_KEPT + 3):
+        held.answered(seq, SessionResult(step=seq))
+    assert sorted(held.answers) == list(range(3, ANSWERS_KEPT + 3))
+    with pytest.raises(Refused, match="keeps no answer"):
+        await h.call(call(2, attempt=2, op="answer_again"))

@@ -56,6 +56,7 @@ from swarm_gateway.settings import GatewaySettings
 from swarm_gateway.state import Gateway
 from swarm_gateway.tinker import sessions
 from swarm_gateway.tinker.calls import Calls
+from swarm_gateway.tinker.follow_ups import FollowUps
 from swarm_gateway.tinker.records import (
     FutureRecord,
     ModelRecord,
@@ -197,6 +198,7 @@ def create_app(
             return await sessions.restore(app.state.gateway, models, calls, token, lost, moving)
 
         calls.on_lost = restore
+        calls.follow_up = FollowUps(models, app.state.tinker.samplers, app.state.gateway.registry)
 
         def timed(future: FutureRecord) -> None:
             total = (future.done_at or time.time()) - future.sent_at

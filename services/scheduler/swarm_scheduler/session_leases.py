@@ -143,7 +143,8 @@ class SessionLeases:
         except Refused:
             waited = self.waiting.get(request.session)
             if asked:
-                since = waited.since if waited is not None else utcnow()
+                first = min(request.waiting_since or utcnow(), utcnow())
+                since = waited.since if waited is not None else first
                 self.waiting[request.session] = Waiting(request, since, self.clock())
             raise
         self.waiting.pop(request.session, None)

@@ -54,6 +54,13 @@ class Held:
     store: ObjectStore
     last_seq: int = 0
     last_used: float = field(default_factory=time.monotonic)
+    # The last calls' outcomes by seq_id, for ``answer_again``.
+    answers: dict[int, SessionResult | Refused] = field(default_factory=dict)
+
+    def answered(self, seq_id: int, outcome: SessionResult | Refused) -> None:
+        self.answers[seq_id] = outcome
+        for old in sorted(self.answers)[:-ANSWERS_KEPT]:
+            del self.answers[old]
 
 
 # Whether this worker still holds attempt ``n`` of a session's lease (asked of the scheduler).
@@ -62,6 +69,9 @@ Holds = Callable[[str, int], Awaitable[bool]]
 # worker without store keys: swarm_trainer.signed_store), from the session, attempt and token.
 Signed = Callable[[str, int, str], ObjectStore]
 SAVES = ("save_state", "save_weights_for_sampler")
+# How many of a session's last answers are kept for a gateway that asks again (the SDK has a
+# few calls in flight at most; a gateway that died had sent no more than those).
+ANSWERS_KEPT = 16
 
 
 class SessionHost:
@@ -105,6 +115,8 @@ class SessionHost:
         if call.op == "close":
             self._drop(call.session)
             return SessionResult()
+        if call.op == "answer_again":
+            return self._answer_again(held, call.seq_id)
         if call.seq_id <= held.last_seq:
             raise Refused(f"seq_id: {call.seq_id} out of order, after {held.last_seq}")
         held.last_seq = call.seq_id
@@ -117,10 +129,32 @@ class SessionHost:
                 "forbidden",
             )
         held.last_used = started = time.monotonic()
-        with _granted(call):
-            result = await asyncio.to_thread(self._run, held, call)
+        try:
+            with _granted(call):
+                result = await asyncio.to_thread(self._run, held, call)
+        except Refused as exc:
+            held.answered(call.seq_id, exc)
+            raise
         result.compute_s = time.monotonic() - started
+        held.answered(call.seq_id, result)
         return result
+
+    @staticmethod
+    def _answer_again(held: Held, seq_id: int) -> SessionResult:
+        """A call's answer once more (its gateway died before it heard it). Calls run one at a
+        time in arrival order, so a call still running when this arrives has answered by now."""
+        if seq_id == 0:  # the create: the model is built, or this would not be held
+            return held.session.info()  # type: ignore[attr-defined]
+        outcome = held.answers.get(seq_id)
+        if outcome is None:
+            raise Refused(
+                f"seq_id {seq_id}: this worker keeps no answer to it (it never arrived, or was "
+                "answered long ago): it may not have run",
+                "internal",
+            )
+        if isinstance(outcome, Refused):
+            raise outcome
+        return outcome
 
     def close_idle(self) -> None:
         now = time.monotonic()

@@ -14,7 +14,7 @@ import re
 from datetime import datetime
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import AwareDatetime, BaseModel, Field
 
 from swarm_contracts.jobs import ModelRef, utcnow
 from swarm_contracts.names import NAME_PATTERN
@@ -36,6 +36,8 @@ def is_session(name: str) -> bool:
 LOSSES = ("cross_entropy", "importance_sampling", "ppo", "cispo", "dro")
 REQUIRED_CONFIG = {"dro": ("beta",)}
 
+# ``answer_again``: the worker's answer to the session's call ``seq_id`` (0: its create) once
+# more, from the last answers it keeps: the gateway that sent the call died before it heard it.
 Op = Literal[
     "create",
     "forward",
@@ -45,6 +47,7 @@ Op = Literal[
     "load_state",
     "save_weights_for_sampler",
     "close",
+    "answer_again",
 ]
 
 
@@ -150,6 +153,11 @@ class PlaceSession(BaseModel):
         pattern=r"^[0-9a-f]{64}$",
         description="the digest of the token the gateway gives the worker with the create call "
         "(the token itself never reaches the scheduler or a bucket)",
+    )
+    waiting_since: AwareDatetime | None = Field(
+        default=None,
+        description="when the model first asked for room, for a wait another gateway adopted "
+        "(its gateway died): it keeps its place in the fair order",
     )
 
 

@@ -20,10 +20,10 @@ from fastapi import APIRouter, Depends, HTTPException, Request, status
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from swarm_contracts.jobs import LoraSpec, ModelRef, TrainingSpec, utcnow
+from swarm_contracts.jobs import ModelRef, utcnow
 from swarm_contracts.layout import join_key, output_prefix, session_saves
-from swarm_contracts.registry import GetModel, Lineage, ListModels, ModelVersion, RegisterAdapter
-from swarm_contracts.registry_api import GET_MODEL, LIST_MODELS, REGISTER_ADAPTER
+from swarm_contracts.registry import GetModel, ListModels, ModelVersion
+from swarm_contracts.registry_api import GET_MODEL, LIST_MODELS
 from swarm_contracts.sessions import (
     ATTENTION_MODULES,
     LOSSES,
@@ -38,12 +38,12 @@ from swarm_contracts.sessions import (
 from swarm_gateway.auth import DEFAULT_TENANT, KeyTable
 from swarm_gateway.state import Gateway, get_gateway
 from swarm_gateway.tinker import sessions
-from swarm_gateway.tinker.calls import Calls, OnSettled
+from swarm_gateway.tinker.calls import Calls
 from swarm_gateway.tinker.records import (
+    FollowUp,
     FutureRecord,
     ModelRecord,
     SamplerRecord,
-    SavedState,
     SessionRecord,
     model_token,
 )
@@ -306,9 +306,9 @@ async def _create(
     call = SessionCall(session=token, tenant=tenant, seq_id=0, op="create", create=create)
     if granted is not None:
         call.attempt_token = granted.token
-        return await _send(t, record, call, then=sessions.built(t.models, token), path=path)
-    future = _future(t, record, call, path)
-    future.waiting = waiting
+        return await _send(t, record, call, follow_up=sessions.BUILT, path=path)
+    future = _future(t, record, call, path, sessions.BUILT)
+    future.waiting, future.gateway = waiting, t.calls.inbox
     await t.futures.put(future.request_id, future)
     t.calls.expect(future.request_id)
     sessions.wait_for_room(gw, t.models, t.calls, call, future, waiting)
@@ -501,6 +501,8 @@ async def retrieve_future(
             if lost is not None:
                 future.state, future.category, future.error = "failed", "server", lost
                 await t.futures.put(future.request_id, future)
+        if future.state == "pending" and waited > LOST_CHECK_S:  # its gateway died?
+            await sessions.adopt(gw, t.models, t.calls, future)
         if future.state != "pending":
             return _answer(future)
         left = deadline - time.monotonic()
@@ -572,16 +574,22 @@ async def _send(
     call: SessionCall,
     *,
     path: str | None = None,
-    then: Any = None,
+    follow_up: FollowUp | None = None,
 ) -> dict[str, str]:
-    future = _future(t, record, call, path)
+    future = _future(t, record, call, path, follow_up)
     # The lease's attempt fences the call: a worker holding another attempt refuses it.
     call = call.model_copy(update={"attempt": record.attempt})
-    await t.calls.send(record.worker_id, call, future, then)
+    await t.calls.send(record.worker_id, call, future)
     return {"request_id": future.request_id, "model_id": record.model_id}
 
 
-def _future(t: Tables, record: ModelRecord, call: SessionCall, path: str | None) -> FutureRecord:
+def _future(
+    t: Tables,
+    record: ModelRecord,
+    call: SessionCall,
+    path: str | None,
+    follow_up: FollowUp | None = None,
+) -> FutureRecord:
     return FutureRecord(
         request_id=t.calls.new_id(),
         tenant=record.tenant,
@@ -590,6 +598,8 @@ def _future(t: Tables, record: ModelRecord, call: SessionCall, path: str | None)
         op=call.op,
         deadline=time.time() + sessions.CALL_TIMEOUT_S,
         path=path,
+        seq_id=call.seq_id,
+        follow_up=follow_up,
     )
 
 
@@ -608,7 +618,7 @@ async def _save(
     path = f"tinker://{record.model_id}/{kind}/{name}"
     if gw is None:  # save_state: the model's latest, what a restore starts from
         store_key = _store_key(record, kind, name)
-        then = _remember_state(t, record, SavedState(path=path, store_key=store_key, step=0))
+        follow_up = FollowUp(kind="saved", store_key=store_key)
     else:
         # Written where the registry takes a result from (a job's output), the call's
         # own id standing for the job: a retried call registers the version it made.
@@ -617,7 +627,9 @@ async def _save(
         sampler = None
         if body.sampling_session_seq_id is not None:
             sampler = f"{record.session_id}:sample:{body.sampling_session_seq_id}"
-        then = _register_for_sampling(gw, t, record, name, job_id, store_key, sampler)
+        follow_up = FollowUp(
+            kind="registered", store_key=store_key, name=name, job_id=job_id, sampler_id=sampler
+        )
     call = SessionCall(
         session=model_token(record.model_id),
         tenant=tenant,
@@ -625,82 +637,7 @@ async def _save(
         op=op,
         store_key=store_key,
     )
-    return await _send(t, record, call, path=path, then=then)
-
-
-def _remember_state(t: Tables, record: ModelRecord, saved: SavedState) -> OnSettled:
-    """Once saved: the model's latest state, with the step the worker says it is at."""
-
-    async def remember(future: FutureRecord) -> FutureRecord:
-        if future.state == "done" and future.result is not None:
-            state = saved.model_copy(update={"step": future.result.step})
-
-            def latest(r: ModelRecord) -> ModelRecord:
-                r.last_state = state
-                return r
-
-            await t.models.modify(model_token(record.model_id), latest)
-        return future
-
-    return remember
-
-
-def _register_for_sampling(
-    gw: Gateway,
-    t: Tables,
-    record: ModelRecord,
-    name: str,
-    job_id: str,
-    store_key: str,
-    sampler_id: str | None,
-) -> OnSettled:
-    """Once the worker saved the adapter: a version of adapter ``<session>-train-<n>`` in the
-    registry, and ``name`` -> that version in the model's record (what sampling clients of
-    ``tinker://<model_id>/sampler_weights/<name>`` sample from); with ``sampler_id``, that
-    sampling session too (``save_weights_and_get_sampling_client``)."""
-
-    async def register(future: FutureRecord) -> FutureRecord:
-        if future.state != "done" or future.result is None:
-            return future
-        base = record.base_model
-        lineage = Lineage(
-            tenant=record.tenant,
-            job_id=job_id,
-            attempt=1,
-            base_model=base.name,
-            base_model_version=base.version,
-            base_model_digest=base.digest or "",
-            dataset=f"tinker:{record.model_id}",
-            dataset_digest="",
-            lora=LoraSpec(
-                r=record.rank,
-                alpha=float(record.rank),
-                dropout=0.0,
-                target_modules=record.target_modules or ["q_proj", "v_proj"],
-            ),
-            training=TrainingSpec(max_steps=max(1, future.result.step)),
-            metrics={"step": float(future.result.step)},
-            worker_id=record.worker_id,
-        )
-        request = RegisterAdapter(
-            name=model_token(record.model_id), store_key=store_key, lineage=lineage
-        )
-        version = await gw.registry.call(REGISTER_ADAPTER, request)
-        ref = f"{version.name}@{version.version}"
-
-        def remember(r: ModelRecord) -> ModelRecord:
-            r.samplers[name] = ref
-            return r
-
-        await t.models.modify(model_token(record.model_id), remember)
-        future.adapter = ref
-        if sampler_id is not None:
-            sampler = SamplerRecord.of_weights(record, ref, future.path, sampler_id)
-            await t.samplers.put(model_token(sampler_id), sampler)
-            future.sampling_session_id = sampler_id
-        return future
-
-    return register
+    return await _send(t, record, call, path=path, follow_up=follow_up)
 
 
 def _store_key(record: ModelRecord, kind: str, name: str) -> str:

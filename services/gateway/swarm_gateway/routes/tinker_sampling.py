@@ -145,6 +145,7 @@ async def asample(body: SampleBody, gw: GW, t: T, tenant: Tenant) -> dict[str, A
         model_id=sampler.sampler_id or sampler.model_path or sampler.base_model_name,
         op="sample",
         deadline=time.time() + sessions.CALL_TIMEOUT_S,
+        gateway=t.calls.inbox,
     )
     await t.futures.put(request_id, future)
     t.calls.expect(request_id)

@@ -4,8 +4,10 @@
 subject with a reply subject of this gateway's own; it returns once the call is on the wire, so
 that a session's calls leave in the order the client made them. The worker's reply (or NATS's
 "no responders") settles the future in the KV bucket, where any gateway answers
-``retrieve_future`` from: a future outlives the client's connection. A future nobody settled by
-its deadline (the worker or this gateway died mid-call) reads as failed.
+``retrieve_future`` from: a future outlives the client's connection. Each future names the
+gateway answering for it (its inbox, which answers ``alive`` pings): when that gateway dies,
+another adopts the future (tinker.sessions.adopt) and asks the worker for its answer again. A
+future nobody settled by its deadline (the worker died mid-call) reads as failed.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from collections.abc import Awaitable, Callable
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
+from nats.errors import NoRespondersError
 from pydantic import ValidationError
 
 from swarm_contracts.replies import Reply
@@ -34,10 +37,13 @@ log = logging.getLogger(__name__)
 # How long a settled call's event is kept set for a late ``wait``.
 SETTLED_KEPT_S = 30.0
 
-# What a settled future does before anyone reads it settled (mark the model ready, register
-# the weights saved for sampling): given the record as the worker settled it, the record to
-# keep (the same, or one it changed: a registration that failed fails the future).
+# What a settled future does before anyone reads it settled (its ``follow_up``: mark the model
+# ready, register the weights saved for sampling): given the record as the worker settled it,
+# the record to keep (the same, or one it changed: a registration that failed fails the future).
 OnSettled = Callable[[FutureRecord], Awaitable[FutureRecord]]
+# How long a ping of another gateway's inbox waits: a gateway that is busy, not dead, answers
+# late (it keeps the future); a dead one has no subscription, and NATS says so at once.
+ALIVE_TIMEOUT_S = 2.0
 # What a call that found no worker listening tells its caller (``tinker.sessions.restore``), or
 # None where the call itself moved to another worker (a ``create``): still pending there.
 OnLost = Callable[[FutureRecord], Awaitable[str | None]]
@@ -52,8 +58,10 @@ class Calls:
         self.futures = futures
         self.inbox = nc.new_inbox()
         self._sub: Subscription | None = None
+        self._alive: Subscription | None = None
         self._settled: dict[str, asyncio.Event] = {}
-        self._then: dict[str, OnSettled] = {}
+        # Set by the app: the follow-ups of settled futures (tinker.follow_ups).
+        self.follow_up: OnSettled | None = None
         # Set by the app: the model of a call nobody answered is restored elsewhere.
         self.on_lost: OnLost | None = None
         # Set by the app: each settled call's timing, for Prometheus.
@@ -65,23 +73,36 @@ class Calls:
 
     async def start(self) -> None:
         self._sub = await self.nc.subscribe(f"{self.inbox}.*.*", cb=self._on_reply)
+        self._alive = await self.nc.subscribe(f"{self.inbox}.alive", cb=self._on_ping)
 
     async def stop(self) -> None:
-        if self._sub is not None:
-            await self._sub.unsubscribe()
+        for sub in (self._sub, self._alive):
+            if sub is not None:
+                await sub.unsubscribe()
 
-    async def send(
-        self,
-        worker_id: str,
-        call: SessionCall,
-        future: FutureRecord,
-        then: OnSettled | None = None,
-    ) -> None:
-        future = future.model_copy(update={"attempt": call.attempt})
+    async def answers(self, gateway: str) -> bool:
+        """Whether the gateway of inbox ``gateway`` is alive (answers, or is too busy to in
+        time); False once nothing listens there: it died, or left NATS."""
+        if gateway == self.inbox:
+            return True
+        try:
+            await self.nc.request(f"{gateway}.alive", b"", timeout=ALIVE_TIMEOUT_S)
+        except NoRespondersError:
+            return False
+        except TimeoutError:
+            return True
+        return True
+
+    async def _on_ping(self, msg: Msg) -> None:
+        await msg.respond(b"")
+
+    async def send(self, worker_id: str, call: SessionCall, future: FutureRecord) -> None:
+        """Record ``future`` pending (answered for by this gateway) and send ``call``."""
+        seq_id = future.seq_id if call.op == "answer_again" else call.seq_id
+        update = {"attempt": call.attempt, "gateway": self.inbox, "seq_id": seq_id}
+        future = future.model_copy(update=update)
         await self.futures.put(future.request_id, future)
         self._settled[future.request_id] = asyncio.Event()
-        if then is not None:
-            self._then[future.request_id] = then
         await self.nc.publish(
             self.subjects.worker_session(worker_id, call.session),
             call.model_dump_json().encode(),
@@ -159,10 +180,9 @@ class Calls:
                     user = reply.code in ("invalid", "not_found", "conflict")
                     future.category = "user" if user else "server"
                     future.error = reply.error or "the worker refused the call"
-        then = self._then.pop(request_id, None)
-        if then is not None:
+        if future.follow_up is not None and self.follow_up is not None:
             try:
-                future = await then(future)
+                future = await self.follow_up(future)
             except Exception as exc:
                 log.exception("settling the future %s failed", request_id)
                 future.state, future.category = "failed", "server"

@@ -142,6 +142,19 @@ class SampleOutcome(BaseModel):
     )
 
 
+class FollowUp(BaseModel):
+    """What a call's settlement does besides settling its future, done by whichever gateway
+    hears the answer (swarm_gateway.tinker.follow_ups): ``built``, the model is ready;
+    ``saved``, it is the model's latest state; ``registered``, the weights saved for sampling
+    are a version of the model's adapter (and, with ``sampler_id``, a sampling session)."""
+
+    kind: Literal["built", "saved", "registered"]
+    store_key: str | None = Field(default=None, description="saved, registered: where")
+    name: str | None = Field(default=None, description="registered: the sampler weights' name")
+    job_id: str | None = Field(default=None, description="registered: the job id it stands as")
+    sampler_id: str | None = Field(default=None, description="registered: the session it opens")
+
+
 class FutureRecord(BaseModel):
     """One call's future: pending until the worker answers (or ``deadline``, epoch seconds,
     passes), then its result or error, kept so that a reconnecting client can fetch it."""
@@ -171,4 +184,13 @@ class FutureRecord(BaseModel):
     category: Literal["user", "server"] | None = None
     waiting: str | None = Field(
         default=None, description="a create waiting for room on a worker: why (the scheduler's)"
+    )
+    gateway: str | None = Field(
+        default=None,
+        description="the gateway that answers for it (its inbox): it sent the call, or asks for "
+        "the model's room; another adopts the future when that one no longer answers",
+    )
+    seq_id: int = Field(default=0, description="the call's seq_id: an adopter asks for it again")
+    follow_up: FollowUp | None = Field(
+        default=None, description="what its settlement does besides (tinker.follow_ups)"
     )

@@ -10,7 +10,9 @@ responders"; or the scheduler no longer hears it, or ended its lease), the model
 on another worker (``restore``) from its latest ``save_state`` with the optimizer (or from its
 initial weights when it has none), and the calls that were lost fail with a message that says
 so and names the step training resumes from: the SDK's futures are not retried by the server,
-so the client decides whether to redo them (docs/tinker.md, "Worker loss").
+so the client decides whether to redo them (docs/tinker.md, "Worker loss"). When the gateway
+answering for a pending future dies, another adopts it (``adopt``: docs/tinker.md, "Gateway
+loss").
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import logging
 import secrets
 import time
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Literal
 
 from swarm_contracts.jobs import ModelRef, utcnow
@@ -35,8 +37,8 @@ from swarm_contracts.sessions import (
     SessionLease,
 )
 from swarm_gateway.state import Gateway
-from swarm_gateway.tinker.calls import Calls, OnSettled
-from swarm_gateway.tinker.records import FutureRecord, ModelRecord, model_token
+from swarm_gateway.tinker.calls import Calls
+from swarm_gateway.tinker.records import FollowUp, FutureRecord, ModelRecord, model_token
 from swarm_runtime.records import RecordTable
 from swarm_runtime.rpc import Refused, Unavailable
 
@@ -50,6 +52,8 @@ FRESH_HEARTBEAT_S = 30.0
 CALL_TIMEOUT_S = 600.0
 # How often a model waiting for room asks the scheduler again.
 ROOM_RETRY_S = 1.0
+# The follow-up of a create call: the model is ready (or failed).
+BUILT = FollowUp(kind="built")
 # The background placements of models waiting for room (kept referenced while they run).
 _waiting: set[asyncio.Task[None]] = set()
 
@@ -70,10 +74,16 @@ class Granted:
 
 
 async def lease(
-    gw: Gateway, token: str, tenant: str, base: ModelRef, avoid: str | None = None
+    gw: Gateway,
+    token: str,
+    tenant: str,
+    base: ModelRef,
+    avoid: str | None = None,
+    waiting_since: float | None = None,
 ) -> Granted:
     """The scheduler's lease of a worker's room for the model (``NoRoom`` if none now; a
-    scheduler process that is not leading refuses, and the next is asked)."""
+    scheduler process that is not leading refuses, and the next is asked); ``waiting_since``
+    (epoch s): when a waiting model first asked."""
     attempt_token = secrets.token_urlsafe(24)
     request = PlaceSession(
         session=token,
@@ -81,6 +91,7 @@ async def lease(
         base_model=base,
         avoid=avoid,
         attempt_token_sha256=token_digest(attempt_token),
+        waiting_since=None if waiting_since is None else datetime.fromtimestamp(waiting_since, UTC),
     )
     for tries_left in reversed(range(5)):
         try:
@@ -111,22 +122,28 @@ def wait_for_room(
     call: SessionCall,
     future: FutureRecord,
     why: str,
-) -> None:
+) -> asyncio.Task[None]:
     """Ask for room again every ``ROOM_RETRY_S`` until the scheduler leases some (then send the
-    ``create`` call) or the future's deadline passes (then it fails, saying why it waited)."""
+    ``create`` call) or the future's deadline passes (then it fails, saying why it waited).
+
+    The future names this gateway as the one answering for it: were this gateway to die, the
+    next ``retrieve_future`` another gateway answers adopts the wait (``adopt``)."""
 
     async def wait() -> None:
         waiting = why
         while time.time() < future.deadline:
-            await asyncio.sleep(ROOM_RETRY_S)
             try:
+                if not await _still_mine(calls, future):
+                    return  # another gateway adopted it (this one was taken for dead), or done
+                await asyncio.sleep(ROOM_RETRY_S)
                 found = await models.get(call.session)
                 if found is None or found[0].state != "queued":  # closed while it waited
                     await _fail(calls, future, "the model was closed before it had room", "user")
                     return
                 record = found[0]
                 try:
-                    granted = await lease(gw, call.session, record.tenant, record.base_model)
+                    base, since = record.base_model, future.sent_at
+                    granted = await lease(gw, call.session, record.tenant, base, None, since)
                 except (NoRoom, Refused, Unavailable) as exc:
                     if str(exc) != waiting:
                         waiting = str(exc)
@@ -136,12 +153,77 @@ def wait_for_room(
                 return
             except Exception:  # NATS away a moment: ask again at the next tick
                 log.exception("training model %s: waiting for room", call.session)
+                await asyncio.sleep(ROOM_RETRY_S)
         why_failed = f"no worker had room for the model in {CALL_TIMEOUT_S:.0f}s: {waiting}"
         await _fail(calls, future, why_failed, "server")
 
     task = asyncio.create_task(wait())
     _waiting.add(task)
     task.add_done_callback(_waiting.discard)
+    return task
+
+
+async def _still_mine(calls: Calls, future: FutureRecord) -> bool:
+    """Whether this gateway still asks for the waiting ``create`` (not: another adopted it,
+    taking this one for dead, or it is settled)."""
+    found = await calls.futures.get(future.request_id)
+    if found is None:
+        return False
+    f = found[0]
+    return f.state == "pending" and f.worker_id is None and f.gateway == calls.inbox
+
+
+async def adopt(
+    gw: Gateway, models: RecordTable[ModelRecord], calls: Calls, future: FutureRecord
+) -> bool:
+    """Answer for a pending future whose gateway died (its inbox no longer answers): a model's
+    wait for room is asked for from here; a call in flight on a worker is asked for again
+    (``answer_again``: the worker keeps its last answers), its reply coming here; a sample (run
+    by the dead gateway itself) fails, to be asked again. Whether this gateway adopted it: one
+    adopter wins the compare-and-set."""
+    dead = future.gateway
+    if dead is None or dead == calls.inbox or await calls.answers(dead):
+        return False
+
+    def claim(f: FutureRecord) -> FutureRecord | None:
+        if f.state != "pending" or f.gateway != dead:
+            return None  # settled meanwhile, or another gateway adopted it first
+        f.gateway = calls.inbox
+        return f
+
+    claimed = await calls.futures.modify(future.request_id, claim)
+    if claimed is None:
+        return False
+    future = claimed[0]
+    log.warning(
+        "future %s (%s): adopted from the dead gateway %s", future.request_id, future.op, dead
+    )
+    if future.op == "sample":
+        why = "the gateway sampling it stopped before it finished: sample again"
+        await _fail(calls, future, why, "server")
+        return True
+    found = await models.get(model_token(future.model_id))
+    if found is None or found[0].create is None:
+        await _fail(calls, future, "the gateway that sent the call stopped", "server")
+        return True
+    record = found[0]
+    token = model_token(record.model_id)
+    if future.worker_id is None:  # a create waiting for room
+        call = SessionCall(
+            session=token, tenant=record.tenant, seq_id=0, op="create", create=record.create
+        )
+        calls.expect(future.request_id)
+        wait_for_room(gw, models, calls, call, future, future.waiting or "")
+        return True
+    again = SessionCall(
+        session=token,
+        tenant=record.tenant,
+        seq_id=future.seq_id,
+        attempt=future.attempt,
+        op="answer_again",
+    )
+    await calls.send(future.worker_id, again, future)
+    return True
 
 
 async def _fail(
@@ -171,14 +253,18 @@ async def send_create(
 ) -> None:
     """The model has room: record where, and send it its ``create`` call."""
 
-    def placed(r: ModelRecord) -> ModelRecord:
+    def placed(r: ModelRecord) -> ModelRecord | None:
+        if r.state != "queued":  # another gateway's wait placed it (this one was taken for dead)
+            return None
         r.worker_id, r.attempt, r.state = granted.worker_id, granted.attempt, "creating"
         return r
 
-    await models.modify(call.session, placed)
+    if await models.modify(call.session, placed) is None:
+        log.warning("training model %s: placed by another gateway meanwhile", call.session)
+        return
     future = future.model_copy(update={"worker_id": granted.worker_id, "waiting": None})
     call = call.model_copy(update={"attempt": granted.attempt, "attempt_token": granted.token})
-    await calls.send(granted.worker_id, call, future, built(models, call.session))
+    await calls.send(granted.worker_id, call, future)
 
 
 async def worker_lost(gw: Gateway, worker_id: str) -> bool:
@@ -189,25 +275,6 @@ async def worker_lost(gw: Gateway, worker_id: str) -> bool:
     worker = found[0]
     stale = utcnow() - worker.last_heartbeat > timedelta(seconds=FRESH_HEARTBEAT_S)
     return worker.state in ("lost", "gone") or stale
-
-
-def built(models: RecordTable[ModelRecord], token: str) -> OnSettled:
-    """The ``create`` call's settlement: the model is ready (with its context length), or failed."""
-
-    async def settle_model(future: FutureRecord) -> FutureRecord:
-        def settle(r: ModelRecord) -> ModelRecord:
-            if future.state == "done" and future.result is not None:
-                context = future.result.model_info.get("max_context")
-                r.max_context = context if isinstance(context, int) else None
-                r.state = "ready"
-            else:
-                r.state, r.error = "failed", future.error
-            return r
-
-        await models.modify(token, settle)
-        return future
-
-    return settle_model
 
 
 async def restore(
@@ -281,7 +348,7 @@ async def restore(
     deadline = utcnow().timestamp() + CALL_TIMEOUT_S
     if moving is not None:
         update = {"worker_id": worker, "deadline": deadline, "sent_at": time.time()}
-        future = moving.model_copy(update=update)
+        future = moving.model_copy(update=update | {"follow_up": BUILT})
     else:
         future = FutureRecord(
             request_id=calls.new_id(),
@@ -290,8 +357,9 @@ async def restore(
             worker_id=worker,
             op="create",
             deadline=deadline,
+            follow_up=BUILT,
         )
-    await calls.send(worker, call, future, built(models, token))
+    await calls.send(worker, call, future)
     return record.restored if moving is None else None
 
 
@@ -311,7 +379,8 @@ async def _wait_again(
     record.worker_id, record.state = "", "queued"
     await models.update(token, record, revision)  # a concurrent restore fails here: one wins
     deadline = utcnow().timestamp() + CALL_TIMEOUT_S
-    future = future.model_copy(update={"worker_id": None, "waiting": why, "deadline": deadline})
+    update = {"worker_id": None, "waiting": why, "deadline": deadline, "gateway": calls.inbox}
+    future = future.model_copy(update=update | {"follow_up": BUILT})
     await calls.futures.put(future.request_id, future)
     calls.expect(future.request_id)
     log.warning("training model %s: its worker was lost building it; waiting: %s", token, why)
