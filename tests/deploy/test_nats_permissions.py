@@ -9,6 +9,7 @@ import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import nats
@@ -112,6 +113,24 @@ async def denied(nc: nats.NATS, errors: list[str], subject: str) -> bool:
     # nats-py lower-cases the server's message.
     expected = f'permissions violation for publish to "{subject.lower()}"'
     return any(expected in e.lower() for e in errors)
+
+
+async def gateways_ping_each_other(url: str, gateway: nats.NATS, futures: Any) -> None:
+    other, other_errors = await connect(url, "gateway")
+    subjects = Subjects()
+    pinging, pinged = Calls(gateway, subjects, futures), Calls(other, subjects, futures)
+    await pinging.start()
+    await pinged.start()
+    assert await pinging.answers(pinged.inbox)
+    assert not other_errors
+    await other.close()  # that gateway died: once the server has seen it go, no answer
+    for _ in range(50):
+        if not await pinging.answers(pinged.inbox):
+            break
+        await asyncio.sleep(0.1)
+    else:
+        raise AssertionError("a closed gateway's inbox still answered")
+    await pinging.stop()
 
 
 async def pause_resume_and_fork(
@@ -320,17 +339,7 @@ async def test_services_work_and_are_fenced(secured_nats: str, tmp_path: Path) -
         assert (await beats.next_msg(timeout=5)).subject == "swarm.inference.workers.i1.heartbeat"
         # Gateway -> gateway: one pings another's inbox (is it alive? its Tinker futures are
         # adopted when it is not), as two gateways of the shipped config.
-        other, other_errors = await connect(secured_nats, "gateway")
-        futures = app.state.tinker.futures
-        subjects = Subjects()
-        pinging, pinged = Calls(gateway, subjects, futures), Calls(other, subjects, futures)
-        await pinging.start()
-        await pinged.start()
-        assert await pinging.answers(pinged.inbox)
-        await pinged.stop()
-        assert not await pinging.answers(pinged.inbox)
-        await other.close()
-        assert not other_errors
+        await gateways_ping_each_other(secured_nats, gateway, app.state.tinker.futures)
         assert not gateway_errors
         assert not inference_errors
         try:

@@ -339,3 +339,75 @@ async def test_an_ordered_intake_keeps_each_keys_order_through_a_failure(
         await intake.stop()
     assert failures >= 1
     assert handled == {"a": [1, 2, 3, 4, 5, 6], "b": [1, 2, 3]}
+
+
+def _ordered(s: Subjects, on_ping: object, ack_wait: float) -> Intake:
+    config = ConsumerConfig(
+        durable_name="ordered-test", ack_policy=AckPolicy.EXPLICIT, ack_wait=ack_wait
+    )
+    return Intake(
+        "svc",
+        s,
+        s.worker_event(),
+        on_ping,  # type: ignore[arg-type]
+        stream=s.worker_events_stream,
+        durable="ordered-test",
+        config=config,
+        ordered_by=Subjects.job_of_worker_event,
+    )
+
+
+async def test_an_ordered_intake_taking_over_handles_its_dead_holders_messages_first(
+    nc: Client, settings: Settings
+) -> None:
+    """A scheduler leader killed while it held job a's first event: the next leader's intake
+    waits for that event's redelivery rather than relaying a's later events before it."""
+    s = Subjects(settings.namespace)
+    handled: dict[str, list[int]] = {"a": [], "b": []}
+
+    async def on_ping(event: CloudEvent[Ping], msg: RawMsg) -> None:
+        handled[Subjects.job_of_worker_event(msg.subject)].append(event.data.n)
+
+    js = nc.jetstream()
+    intake = _ordered(s, on_ping, ack_wait=2)
+    await js.publish(s.worker_event("w1", "a", "progress"), _body(1))
+    dead = await js.pull_subscribe(
+        s.worker_event(),
+        durable="ordered-test",
+        stream=s.worker_events_stream,
+        config=intake.config,
+    )
+    assert len(await dead.fetch(1, timeout=5)) == 1  # held, never settled: its holder died
+    for n in (2, 3):
+        await js.publish(s.worker_event("w1", "a", "progress"), _body(n))
+    await js.publish(s.worker_event("w1", "b", "progress"), _body(1))
+    await intake.start(nc)
+    try:
+        await _until(lambda: len(handled["a"]) == 3 and handled["b"], within=15)
+    finally:
+        await intake.stop()
+    assert handled == {"a": [1, 2, 3], "b": [1]}
+
+
+async def test_a_message_held_past_ack_wait_is_not_redelivered(
+    nc: Client, settings: Settings
+) -> None:
+    s = Subjects(settings.namespace)
+    calls: list[int] = []
+
+    async def on_ping(event: CloudEvent[Ping], msg: RawMsg) -> None:
+        calls.append(event.data.n)
+        if event.data.n == 1:
+            await asyncio.sleep(3.5)  # a slow handler: past the consumer's 1.5 s ack_wait
+
+    intake = _ordered(s, on_ping, ack_wait=1.5)
+    js = nc.jetstream()
+    await js.publish(s.worker_event("w1", "a", "progress"), _body(1))
+    await js.publish(s.worker_event("w1", "a", "progress"), _body(2))
+    await intake.start(nc)
+    try:
+        await _until(lambda: calls == [1, 2], within=15)
+        await asyncio.sleep(2.0)  # a redelivery, had there been one, would have come by now
+    finally:
+        await intake.stop()
+    assert calls == [1, 2]

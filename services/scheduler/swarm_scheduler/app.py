@@ -46,10 +46,12 @@ def _work_queue(stream: str, name: str) -> dict[str, Any]:
     durable = f"scheduler-{name}"
     # Explicit acks, and a message that keeps failing is given up after a while rather than
     # retried for ever; malformed ones never reach a handler (dead-lettered by the intake).
+    # A short ack_wait: what a killed leader held comes back to the next one within seconds
+    # (the intake keeps a message it still handles from redelivery).
     config = ConsumerConfig(
         durable_name=durable,
         ack_policy=AckPolicy.EXPLICIT,
-        ack_wait=30,
+        ack_wait=10,
         max_deliver=50,
         max_ack_pending=4096,
     )

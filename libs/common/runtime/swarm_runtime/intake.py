@@ -18,7 +18,13 @@ keeps FastStream's conventions:
 * ``ordered_by`` (a key of the subject, e.g. the job id): messages of one key are handled one
   after another in the stream's order, and one that fails is tried again in place, the later
   ones of its key waiting, rather than redelivered behind them (a redelivery comes after
-  the messages already fetched: a job's events would be relayed out of order);
+  the messages already fetched: a job's events would be relayed out of order). An ordered
+  intake that takes over a consumer whose previous holder died with messages unsettled (a
+  new leader) waits for them to come back (``ack_wait``) before it fetches: the server
+  redelivers them ahead of newer ones, which would otherwise be handled first;
+* on JetStream, a message held longer than a third of the consumer's ``ack_wait`` (waiting in
+  its key's lane, or a slow handler) is kept from redelivery (``in_progress``), so that a
+  short ``ack_wait`` (a quick takeover) costs no duplicates;
 * every message is counted in the families FastStream's Prometheus middleware uses
   (``swarm_<service>_received_messages_total`` …), labelled by subject template;
 * ``document(broker)`` declares its handler as a FastStream subscriber (never started), for
@@ -29,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import inspect
 import logging
 import time
@@ -197,6 +204,9 @@ class Intake:
         self._sub: Subscription | JetStreamContext.PullSubscription | None = None
         self._puller: asyncio.Task[None] | None = None
         self._in_flight: set[asyncio.Task[None]] = set()
+        # The messages being handled (or waiting in their lane), and since when, by id().
+        self._held: dict[int, tuple[Msg, float]] = {}
+        self._keeper: asyncio.Task[None] | None = None
 
     @property
     def running(self) -> bool:
@@ -209,6 +219,7 @@ class Intake:
             return
         self._sub = await self._pull_subscription()
         self._puller = asyncio.create_task(self._pull_loop())
+        self._keeper = asyncio.create_task(self._keep_held())
 
     async def stop(self) -> None:
         """Stop taking messages; the ones being handled finish (or time out and are redelivered)."""
@@ -216,6 +227,9 @@ class Intake:
         if self._puller is not None:
             await cancel_and_wait([self._puller])
             self._puller = None
+        if self._keeper is not None:
+            await cancel_and_wait([self._keeper])
+            self._keeper = None
         if self._in_flight:
             await asyncio.wait(self._in_flight, timeout=10)
         if sub is not None:
@@ -229,8 +243,46 @@ class Intake:
             self.subject, durable=self.durable, stream=self.stream, config=self.config
         )
 
+    @property
+    def _ack_wait(self) -> float:
+        return float(self.config.ack_wait or 30.0) if self.config is not None else 30.0
+
+    async def _after_previous_holder(self, sub: JetStreamContext.PullSubscription) -> None:
+        """An ordered intake taking over the consumer: the messages its previous holder fetched
+        and never settled (it died) come back after ``ack_wait``, then ahead of newer ones."""
+        try:
+            info = await sub.consumer_info()
+        except Exception as exc:  # cannot tell: go on (order is kept once they come back)
+            log.warning("could not read consumer %s: %r", self.durable, exc)
+            return
+        pending = info.num_ack_pending or 0
+        if pending:
+            # The server's ack_wait (a consumer made by an older release may differ from ours).
+            wait = float(info.config.ack_wait or self._ack_wait) + 1.0
+            log.warning(
+                "consumer %s: %d messages unsettled by its previous holder; fetching in %.0f s, "
+                "once they are redelivered first",
+                self.durable,
+                pending,
+                wait,
+            )
+            await asyncio.sleep(wait)
+
+    async def _keep_held(self) -> None:
+        """Tell the server the messages held a while are still being handled."""
+        every = self._ack_wait / 3
+        while True:
+            await asyncio.sleep(every)
+            now = time.monotonic()
+            for msg, since in list(self._held.values()):
+                if now - since > every:
+                    with contextlib.suppress(Exception):  # disconnected: redelivered, then
+                        await msg.in_progress()
+
     async def _pull_loop(self) -> None:
         idle_since, failures = time.monotonic(), 0
+        if self.ordered_by is not None and isinstance(self._sub, JetStreamContext.PullSubscription):
+            await self._after_previous_holder(self._sub)
         while True:
             sub = self._sub
             if sub is None:  # stopped: nats-py can turn our cancellation into a fetch timeout
@@ -258,10 +310,16 @@ class Intake:
                 await self._recreate_if_gone(sub, anyway=failures >= 3)
                 continue
             idle_since, failures = time.monotonic(), 0
+            now = time.monotonic()
             for msg in msgs:
+                self._held[id(msg)] = (msg, now)
                 task = self._dispatch(msg)
                 self._in_flight.add(task)
                 task.add_done_callback(self._in_flight.discard)
+                task.add_done_callback(functools.partial(self._unhold, id(msg)))
+
+    def _unhold(self, key: int, _: asyncio.Task[None]) -> None:
+        self._held.pop(key, None)
 
     def _dispatch(self, msg: Msg) -> asyncio.Task[None]:
         """A task handling ``msg``: at once, or in an ordered intake after the task of the
