@@ -69,9 +69,10 @@ Holds = Callable[[str, int], Awaitable[bool]]
 # worker without store keys: swarm_trainer.signed_store), from the session, attempt and token.
 Signed = Callable[[str, int, str], ObjectStore]
 SAVES = ("save_state", "save_weights_for_sampler")
-# How many of a session's last answers are kept for a gateway that asks again (the SDK has a
-# few calls in flight at most; a gateway that died had sent no more than those).
-ANSWERS_KEPT = 16
+# How many of a session's last answers are kept for a gateway that asks again: a dead
+# gateway's unheard calls are the last few the SDK sent. Kept as they are (serializing them
+# again would cost every call CPU); a large forward's answer holds a float per token.
+ANSWERS_KEPT = 8
 
 
 class SessionHost:
