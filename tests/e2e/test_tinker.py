@@ -3,12 +3,16 @@ the stack's trainer, driven call by call over the gateway's Tinker API."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
+import json
 import shutil
 import time
+import uuid
 from collections.abc import Iterator
 
 import httpx
+import nats
 import numpy as np
 import openai
 import pytest
@@ -16,6 +20,8 @@ import tinker
 import torch
 from safetensors.torch import load_file, save_file
 from tinker import types
+
+from swarm_contracts.subjects import Subjects
 
 from ..conftest import sample, scrape
 from ..tinker_data import TOKENS, datum, logprobs
@@ -327,6 +333,76 @@ def test_the_stock_sdk_scores_chosen_ids_and_draws_alternatives_at_each_prompt_p
 def _reward(tokens: list[int]) -> float:
     """The toy task: say small token ids (a quarter of the vocabulary)."""
     return sum(t < 128 for t in tokens) / len(tokens)
+
+
+def test_a_sample_whose_gateway_died_is_run_again_by_the_next(stack: Stack) -> None:
+    """A sample is run by the gateway that took it; were that gateway to die, the next one to
+    read the future runs it again from the request kept in it (docs/tinker.md, "Gateway
+    loss"): here, the future as a dead gateway left it."""
+    _wait_for_inference(stack)
+    service = tinker.ServiceClient(base_url=stack.local.gateway_url, api_key="tml-local")
+    base = service.create_sampling_client(base_model="tiny-llama").result(timeout=60)
+    prompt = types.ModelInput.from_ints(TOKENS[:6])
+    seeded = types.SamplingParams(max_tokens=6, temperature=1.0, seed=11, stop=[])
+    done = base.sample(prompt, num_samples=2, sampling_params=seeded).result(timeout=120)
+
+    async def orphan() -> str:
+        """The last sample's future, pending again under a gateway nobody listens on."""
+        nc = await nats.connect(stack.local.nats_url)
+        try:
+            bucket = Subjects(stack.namespace).bucket("tinker_futures")
+            kv = await nc.jetstream().key_value(bucket)
+            samples = []
+            for key in await kv.keys():
+                record = json.loads((await kv.get(key)).value or b"{}")
+                if record.get("op") == "sample" and record.get("resample"):
+                    samples.append(record)
+            record = max(samples, key=lambda r: r["sent_at"])
+            record |= {
+                "request_id": uuid.uuid4().hex,
+                "state": "pending",
+                "sample": None,
+                "done_at": None,
+                "gateway": "_INBOX.svc.gateway.dead",
+                "sent_at": time.time() - 5,
+            }
+            await kv.put(record["request_id"], json.dumps(record).encode())
+            return str(record["request_id"])
+        finally:
+            await nc.close()
+
+    request_id = asyncio.run(orphan())
+    url, key = stack.local.gateway_url, {"X-API-Key": "tml-local"}
+    for _ in range(10):
+        answer = httpx.post(
+            f"{url}/api/v1/retrieve_future",
+            json={"request_id": request_id},
+            headers=key,
+            timeout=60,
+        )
+        assert answer.status_code == 200, answer.text
+        if answer.headers["content-type"].startswith("application/x-protobuf"):
+            break
+    else:
+        raise AssertionError(f"the orphaned sample was never answered: {answer.text}")
+    again = _future_record(stack, request_id)
+    assert again["state"] == "done"
+    assert again["gateway"] != "_INBOX.svc.gateway.dead"  # adopted
+    # The same seeded request, run again: the same draws.
+    assert [s["tokens"] for s in again["sample"]["sequences"]] == [s.tokens for s in done.sequences]
+
+
+def _future_record(stack: Stack, request_id: str) -> dict:
+    async def read() -> dict:
+        nc = await nats.connect(stack.local.nats_url)
+        try:
+            bucket = Subjects(stack.namespace).bucket("tinker_futures")
+            entry = await (await nc.jetstream().key_value(bucket)).get(request_id)
+            return dict(json.loads(entry.value or b"{}"))
+        finally:
+            await nc.close()
+
+    return asyncio.run(read())
 
 
 @pytest.fixture(scope="module")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -199,6 +200,9 @@ def create_app(
 
         calls.on_lost = restore
         calls.follow_up = FollowUps(models, app.state.tinker.samplers, app.state.gateway.registry)
+        calls.resample = functools.partial(
+            tinker_sampling.resample, app.state.gateway, app.state.tinker
+        )
 
         def timed(future: FutureRecord) -> None:
             total = (future.done_at or time.time()) - future.sent_at

@@ -36,6 +36,9 @@ router = APIRouter(prefix="/api/v1", tags=["tinker"])
 
 _SAMPLER_ID = re.compile(r"^tsess-[0-9a-f]{16}:sample:[0-9]{1,9}$")
 MAX_SAMPLES = 128
+# A sample's request is kept in its future, for a gateway that adopts it to run it again, up
+# to this size (a long prompt's targets are larger: such a sample fails with its gateway).
+RESAMPLE_KEPT_BYTES = 256 * 1024
 
 
 class CreateSamplerBody(Lenient):
@@ -107,6 +110,47 @@ class SampleBody(Lenient):
 
 @router.post("/asample")
 async def asample(body: SampleBody, gw: GW, t: T, tenant: Tenant) -> dict[str, Any]:
+    request_id = t.calls.new_id()
+    requests, asks, sampler = await _prepare(gw, t, tenant, body, request_id)
+    kept = body.model_dump_json(exclude_defaults=True)
+    future = FutureRecord(
+        request_id=request_id,
+        tenant=tenant,
+        model_id=sampler.sampler_id or sampler.model_path or sampler.base_model_name,
+        op="sample",
+        deadline=time.time() + sessions.CALL_TIMEOUT_S,
+        gateway=t.calls.inbox,
+        resample=kept if len(kept) <= RESAMPLE_KEPT_BYTES else None,
+    )
+    await t.futures.put(request_id, future)
+    t.calls.expect(request_id)
+    _start(t, request_id, requests, gw, asks)
+    return {
+        "request_id": request_id,
+        "sample_sequence_ids": [f"{request_id}-{i}" for i in range(body.num_samples)],
+    }
+
+
+async def resample(gw: Gateway, t: Tables, future: FutureRecord) -> None:
+    """A sample whose gateway died before it finished, run again here (the gateway that adopted
+    it): the client's future is answered as if nothing happened. Its generation requests get
+    new ids (the dead gateway's may still be running on the inference workers)."""
+    assert future.resample is not None
+    body = SampleBody.model_validate_json(future.resample)
+    try:
+        requests, asks, _ = await _prepare(gw, t, future.tenant, body, t.calls.new_id())
+    except HTTPException as exc:  # its sampler gone meanwhile, say
+        await sessions.fail(t.calls, future, f"sampling again: {exc.detail}", "user")
+        return
+    t.calls.expect(future.request_id)
+    _start(t, future.request_id, requests, gw, asks)
+
+
+async def _prepare(
+    gw: Gateway, t: Tables, tenant: str, body: SampleBody, generation_id: str
+) -> tuple[list[GenerateRequest], sampling.PromptAsks, SamplerRecord]:
+    """The inference requests of a sample (a 4xx for what is wrong in ``body``), what the
+    answer must hold, and what it samples from."""
     _check_top_k(body)
     prompt = _prompt_tokens(body.prompt)
     try:
@@ -122,10 +166,9 @@ async def asample(body: SampleBody, gw: GW, t: T, tenant: Tenant) -> dict[str, A
         sampler = await _sampler(t, tenant, body.sampling_session_id)
     else:
         sampler = await _target(gw, t, tenant, body.model_path, body.base_model)
-    request_id = t.calls.new_id()
     try:
         requests = sampling.generate_requests(
-            request_id,
+            generation_id,
             sampler,
             prompt,
             body.num_samples,
@@ -138,22 +181,7 @@ async def asample(body: SampleBody, gw: GW, t: T, tenant: Tenant) -> dict[str, A
         )
     except (sampling.SamplingError, ValidationError) as exc:
         raise HTTPException(status.HTTP_400_BAD_REQUEST, detail=_why(exc)) from exc
-    asks = sampling.PromptAsks(len(prompt), body.prompt_logprobs_last_n, targets)
-    future = FutureRecord(
-        request_id=request_id,
-        tenant=tenant,
-        model_id=sampler.sampler_id or sampler.model_path or sampler.base_model_name,
-        op="sample",
-        deadline=time.time() + sessions.CALL_TIMEOUT_S,
-        gateway=t.calls.inbox,
-    )
-    await t.futures.put(request_id, future)
-    t.calls.expect(request_id)
-    _start(t, request_id, requests, gw, asks)
-    return {
-        "request_id": request_id,
-        "sample_sequence_ids": [f"{request_id}-{i}" for i in range(body.num_samples)],
-    }
+    return requests, sampling.PromptAsks(len(prompt), body.prompt_logprobs_last_n, targets), sampler
 
 
 def _start(

@@ -62,6 +62,8 @@ class Calls:
         self._settled: dict[str, asyncio.Event] = {}
         # Set by the app: the follow-ups of settled futures (tinker.follow_ups).
         self.follow_up: OnSettled | None = None
+        # Set by the app: run again a sample adopted from a dead gateway (its kept request).
+        self.resample: Callable[[FutureRecord], Awaitable[None]] | None = None
         # Set by the app: the model of a call nobody answered is restored elsewhere.
         self.on_lost: OnLost | None = None
         # Set by the app: each settled call's timing, for Prometheus.

@@ -194,3 +194,6 @@ class FutureRecord(BaseModel):
     follow_up: FollowUp | None = Field(
         default=None, description="what its settlement does besides (tinker.follow_ups)"
     )
+    resample: str | None = Field(
+        default=None, description="a sample: its request (JSON), for an adopter to run it again"
+    )

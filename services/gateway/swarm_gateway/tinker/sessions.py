@@ -138,7 +138,7 @@ def wait_for_room(
                 await asyncio.sleep(ROOM_RETRY_S)
                 found = await models.get(call.session)
                 if found is None or found[0].state != "queued":  # closed while it waited
-                    await _fail(calls, future, "the model was closed before it had room", "user")
+                    await fail(calls, future, "the model was closed before it had room", "user")
                     return
                 record = found[0]
                 try:
@@ -155,7 +155,7 @@ def wait_for_room(
                 log.exception("training model %s: waiting for room", call.session)
                 await asyncio.sleep(ROOM_RETRY_S)
         why_failed = f"no worker had room for the model in {CALL_TIMEOUT_S:.0f}s: {waiting}"
-        await _fail(calls, future, why_failed, "server")
+        await fail(calls, future, why_failed, "server")
 
     task = asyncio.create_task(wait())
     _waiting.add(task)
@@ -179,8 +179,8 @@ async def adopt(
     """Answer for a pending future whose gateway died (its inbox no longer answers): a model's
     wait for room is asked for from here; a call in flight on a worker is asked for again
     (``answer_again``: the worker keeps its last answers), its reply coming here; a sample (run
-    by the dead gateway itself) fails, to be asked again. Whether this gateway adopted it: one
-    adopter wins the compare-and-set."""
+    by the dead gateway itself) is run again from its request kept in the future. Whether this
+    gateway adopted it: one adopter wins the compare-and-set."""
     dead = future.gateway
     if dead is None or dead == calls.inbox or await calls.answers(dead):
         return False
@@ -199,12 +199,15 @@ async def adopt(
         "future %s (%s): adopted from the dead gateway %s", future.request_id, future.op, dead
     )
     if future.op == "sample":
-        why = "the gateway sampling it stopped before it finished: sample again"
-        await _fail(calls, future, why, "server")
+        if future.resample is not None and calls.resample is not None:
+            await calls.resample(future)
+        else:
+            why = "the gateway sampling it stopped before it finished: sample again"
+            await fail(calls, future, why, "server")
         return True
     found = await models.get(model_token(future.model_id))
     if found is None or found[0].create is None:
-        await _fail(calls, future, "the gateway that sent the call stopped", "server")
+        await fail(calls, future, "the gateway that sent the call stopped", "server")
         return True
     record = found[0]
     token = model_token(record.model_id)
@@ -226,7 +229,7 @@ async def adopt(
     return True
 
 
-async def _fail(
+async def fail(
     calls: Calls, future: FutureRecord, error: str, category: Literal["user", "server"]
 ) -> None:
     future.state, future.category, future.error, future.waiting = "failed", category, error, None
