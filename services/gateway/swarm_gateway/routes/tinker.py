@@ -409,10 +409,10 @@ async def save_weights(body: SaveBody, t: T, tenant: Tenant) -> dict[str, str]:
 
 
 @router.post("/save_weights_for_sampler")
-async def save_weights_for_sampler(body: SaveBody, gw: GW, t: T, tenant: Tenant) -> dict[str, str]:
+async def save_weights_for_sampler(body: SaveBody, t: T, tenant: Tenant) -> dict[str, str]:
     """The adapter alone, registered as a version of adapter ``<session>-train-<n>`` once saved
     (servable by ``/v1/chat/completions`` too, and what a sampling client samples from)."""
-    return await _save(t, tenant, body, "save_weights_for_sampler", "sampler_weights", gw=gw)
+    return await _save(t, tenant, body, "save_weights_for_sampler", "sampler_weights")
 
 
 class LoadBody(Lenient):
@@ -603,9 +603,7 @@ def _future(
     )
 
 
-async def _save(
-    t: Tables, tenant: str, body: SaveBody, op: Op, kind: str, gw: Gateway | None = None
-) -> dict[str, str]:
+async def _save(t: Tables, tenant: str, body: SaveBody, op: Op, kind: str) -> dict[str, str]:
     record = await ready_model(t, tenant, body.model_id)
     name = body.path or f"step-{body.seq_id:06d}"
     if body.path is None and body.sampling_session_seq_id is not None:
@@ -616,7 +614,7 @@ async def _save(
             detail="path: a name of letters, digits, '.', '_' and '-' (up to 128)",
         )
     path = f"tinker://{record.model_id}/{kind}/{name}"
-    if gw is None:  # save_state: the model's latest, what a restore starts from
+    if op == "save_state":  # the model's latest, what a restore starts from
         store_key = _store_key(record, kind, name)
         follow_up = FollowUp(kind="saved", store_key=store_key)
     else:
