@@ -69,8 +69,10 @@ def _placed(procs: Procs) -> str:
 
 
 def _workers(procs: Procs) -> tinker.ServiceClient:
-    """Two trainers, and a client of the stack."""
-    start_base(procs)
+    """Two trainers, and a client of the stack. The scheduler gives a silent worker up after
+    10 s: the gateway's death is staged with the worker frozen a moment (its call waiting at
+    it), which a loaded machine may stretch past the fault tests' usual 3 s."""
+    start_base(procs, SWARM_WORKER_TIMEOUT_S="10")
     for name in ("t1", "t2"):
         procs.start(name, "trainer", SWARM_WORKER_ID=name)
     for name in ("t1", "t2"):

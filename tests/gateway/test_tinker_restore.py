@@ -283,7 +283,7 @@ async def test_a_gateway_stops_waiting_once_another_adopted_its_wait(
         await calls.futures.modify(
             future.request_id, lambda f: f.model_copy(update={"gateway": "_INBOX.other"})
         )
-        await asyncio.wait_for(task, sessions.ROOM_RETRY_S * 3)
+        await asyncio.wait_for(task, sessions.ROOM_RETRY_S * 10)
         left = await calls.futures.get(future.request_id)
         assert left is not None
         assert (left[0].state, left[0].gateway) == ("pending", "_INBOX.other")

@@ -398,16 +398,16 @@ async def test_a_message_held_past_ack_wait_is_not_redelivered(
     async def on_ping(event: CloudEvent[Ping], msg: RawMsg) -> None:
         calls.append(event.data.n)
         if event.data.n == 1:
-            await asyncio.sleep(3.5)  # a slow handler: past the consumer's 1.5 s ack_wait
+            await asyncio.sleep(5.5)  # a slow handler: past twice the consumer's ack_wait
 
-    intake = _ordered(s, on_ping, ack_wait=1.5)
+    intake = _ordered(s, on_ping, ack_wait=2.5)
     js = nc.jetstream()
     await js.publish(s.worker_event("w1", "a", "progress"), _body(1))
     await js.publish(s.worker_event("w1", "a", "progress"), _body(2))
     await intake.start(nc)
     try:
         await _until(lambda: calls == [1, 2], within=15)
-        await asyncio.sleep(2.0)  # a redelivery, had there been one, would have come by now
+        await asyncio.sleep(3.0)  # a redelivery, had there been one, would have come by now
     finally:
         await intake.stop()
     assert calls == [1, 2]

@@ -258,7 +258,7 @@ class Intake:
         pending = info.num_ack_pending or 0
         if pending:
             # The server's ack_wait (a consumer made by an older release may differ from ours).
-            wait = float(info.config.ack_wait or self._ack_wait) + 1.0
+            wait = float(info.config.ack_wait or self._ack_wait) + 2.0
             log.warning(
                 "consumer %s: %d messages unsettled by its previous holder; fetching in %.0f s, "
                 "once they are redelivered first",
