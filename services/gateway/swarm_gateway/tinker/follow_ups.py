@@ -12,6 +12,8 @@ sample from), and, with a sampler id, that sampling session too
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from swarm_contracts.jobs import LoraSpec, TrainingSpec
 from swarm_contracts.registry import Lineage, RegisterAdapter
 from swarm_contracts.registry_api import REGISTER_ADAPTER
@@ -54,17 +56,23 @@ class FollowUps:
                 future = await self._registered(future, follow)
         return future
 
+    async def _change_model(self, model_id: str, change: Callable[[ModelRecord], None]) -> None:
+        def changed(r: ModelRecord) -> ModelRecord:
+            change(r)
+            return r
+
+        await self.models.modify(model_token(model_id), changed)
+
     async def _built(self, future: FutureRecord) -> None:
-        def settle(r: ModelRecord) -> ModelRecord:
+        def settle(r: ModelRecord) -> None:
             if future.state == "done" and future.result is not None:
                 context = future.result.model_info.get("max_context")
                 r.max_context = context if isinstance(context, int) else None
                 r.state = "ready"
             else:
                 r.state, r.error = "failed", future.error
-            return r
 
-        await self.models.modify(model_token(future.model_id), settle)
+        await self._change_model(future.model_id, settle)
 
     async def _saved(self, future: FutureRecord, follow: FollowUp) -> None:
         assert future.result is not None
@@ -72,11 +80,10 @@ class FollowUps:
         assert follow.store_key is not None
         state = SavedState(path=future.path, store_key=follow.store_key, step=future.result.step)
 
-        def latest(r: ModelRecord) -> ModelRecord:
+        def latest(r: ModelRecord) -> None:
             r.last_state = state
-            return r
 
-        await self.models.modify(model_token(future.model_id), latest)
+        await self._change_model(future.model_id, latest)
 
     async def _registered(self, future: FutureRecord, follow: FollowUp) -> FutureRecord:
         assert future.result is not None
@@ -113,11 +120,10 @@ class FollowUps:
         version = await self.registry.call(REGISTER_ADAPTER, request)
         ref, name = f"{version.name}@{version.version}", follow.name
 
-        def remember(r: ModelRecord) -> ModelRecord:
+        def remember(r: ModelRecord) -> None:
             r.samplers[name] = ref
-            return r
 
-        await self.models.modify(model_token(record.model_id), remember)
+        await self._change_model(record.model_id, remember)
         future.adapter = ref
         if follow.sampler_id is not None:
             sampler = SamplerRecord.of_weights(record, ref, future.path, follow.sampler_id)
